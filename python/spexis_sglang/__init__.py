@@ -1,0 +1,1 @@
+"""Spexis on SGLang."""
