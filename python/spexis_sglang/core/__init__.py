@@ -1,0 +1,92 @@
+"""Spexis scheduling core: pure Python + numpy, no torch, no SGLang (design.md §1).
+
+What the scheduler decides, and nothing about how SGLang is made to do it:
+
+* :mod:`.cost_model` — Eq. 1-4 and Table 1: effective batch of speculative parallelism,
+  selective speculation, throughput estimates over profiled latency tables.
+* :mod:`.planner` — the PP x TP x SP x alpha planner over a profile JSON
+  (``python -m spexis_sglang.plan``).
+* :mod:`.lookahead` — Algorithm 1 as an exact, vectorised expectation.
+* :mod:`.admission` — the gain ``G`` of delaying an admission and the admission policy.
+* :mod:`.selection` — which drafts to speculate on (drop the lowest ``alpha``) and the
+  alpha chooser.
+* :mod:`.sp_state` — per-request epoch bookkeeping of speculative rows.
+* :mod:`.simulation` — brute-force simulations that check all of the above.
+"""
+
+from .admission import AdmissionDecision, AdmissionPlanner, EvictionForecast, gain
+from .cost_model import (
+    LatencyTable,
+    b_alpha_star,
+    b_eff_alpha_star,
+    b_eff_star,
+    lookahead_theta,
+    simulate_eq1,
+    simulate_eq3,
+    sp_alpha_exact,
+    sp_alpha_paper,
+    throughput_pp,
+    throughput_sp,
+    throughput_sp_alpha,
+    throughput_tp,
+)
+from .lookahead import DEFAULT_THRESHOLDS, NO_BUCKET, LookaheadModel
+from .planner import (
+    PlanRow,
+    Profile,
+    ProfileError,
+    format_table,
+    load_profile,
+    parse_profile,
+    rank_configurations,
+)
+from .selection import (
+    AlphaChoice,
+    RankAcceptanceProfile,
+    choose_alpha,
+    keep_mask,
+    num_dropped,
+    select_drops,
+)
+from .sp_state import Outcome, RowPlan, SPProtocolError, SPState, SPStats
+
+__all__ = [
+    "AdmissionDecision",
+    "AdmissionPlanner",
+    "AlphaChoice",
+    "DEFAULT_THRESHOLDS",
+    "EvictionForecast",
+    "LatencyTable",
+    "LookaheadModel",
+    "NO_BUCKET",
+    "Outcome",
+    "PlanRow",
+    "Profile",
+    "ProfileError",
+    "RankAcceptanceProfile",
+    "RowPlan",
+    "SPProtocolError",
+    "SPState",
+    "SPStats",
+    "b_alpha_star",
+    "b_eff_alpha_star",
+    "b_eff_star",
+    "choose_alpha",
+    "format_table",
+    "gain",
+    "keep_mask",
+    "load_profile",
+    "lookahead_theta",
+    "num_dropped",
+    "parse_profile",
+    "rank_configurations",
+    "select_drops",
+    "simulate_eq1",
+    "simulate_eq3",
+    "sp_alpha_exact",
+    "sp_alpha_paper",
+    "throughput_pp",
+    "throughput_sp",
+    "throughput_sp_alpha",
+    "throughput_tp",
+]
