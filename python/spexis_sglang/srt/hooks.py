@@ -1,0 +1,35 @@
+"""Hooks installed in every SGLang scheduler process.
+
+SGLang's launcher spawns one scheduler process per (PP rank, TP rank) with
+``run_scheduler_process_func``; we pass :func:`run_spexis_scheduler_process`, which installs
+our hooks in that fresh process and then runs SGLang's own ``run_scheduler_process``.
+It is a module-level function so that ``spawn`` pickles it by reference.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_installed = False
+
+
+def install() -> None:
+    """Install Spexis' hooks into the SGLang modules of this process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    logger.debug("spexis hooks installed")
+
+
+def run_spexis_scheduler_process(*args, **kwargs):
+    """SGLang's ``run_scheduler_process`` with Spexis' hooks installed first."""
+    from spexis_sglang.cpu_support import install_startup_hooks
+
+    install_startup_hooks()
+    install()
+    from sglang.srt.managers import scheduler
+
+    return scheduler.run_scheduler_process(*args, **kwargs)

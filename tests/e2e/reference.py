@@ -1,0 +1,64 @@
+"""HF transformers references for end-to-end tests (no SGLang involved)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List
+
+import torch
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Name the three primary colours.",
+    "Explain in two sentences why the sky is blue.",
+    "Translate 'good morning, my friend' into Spanish.",
+    "What is 17 times 23? Show your reasoning.",
+    "Give me three tips for sleeping better.",
+    "Summarise the plot of Romeo and Juliet in one paragraph.",
+]
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@lru_cache(maxsize=2)
+def load_model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def chat_prompt_ids(model_dir: str, prompts: List[str] = CHAT_PROMPTS) -> List[List[int]]:
+    tok = load_tokenizer(model_dir)
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for p in prompts
+    ]
+
+
+@torch.no_grad()
+def hf_greedy(model_dir: str, prompt_ids: List[int], max_new_tokens: int) -> List[int]:
+    """Greedy continuation with a KV cache; never stops at EOS (like ``ignore_eos``)."""
+    model = load_model(model_dir)
+    ids = torch.tensor([prompt_ids])
+    out = model(input_ids=ids, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1]
+    generated: List[int] = []
+    for _ in range(max_new_tokens):
+        nxt = int(logits.argmax(-1))
+        generated.append(nxt)
+        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+    return generated
