@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spexis_sglang.core.cost_model import (
     LatencyTable,
     b_alpha_star,
@@ -131,9 +132,7 @@ def test_eq4_and_exact_reduce_to_eq2_without_drops(n: int, theta: float) -> None
 def test_eq4_is_exact_at_theta_edges(n: int, alpha: float, theta: float) -> None:
     """At Theta in {0, 1} drops and rejections cannot interact, so Eq. 4 is exact."""
     ex = sp_alpha_exact(100.0, n, theta, alpha)
-    assert b_eff_alpha_star(100.0, n, theta, alpha) == pytest.approx(
-        ex.effective, rel=1e-12
-    )
+    assert b_eff_alpha_star(100.0, n, theta, alpha) == pytest.approx(ex.effective, rel=1e-12)
     if theta == 1.0:
         assert b_alpha_star(100.0, n, alpha) == pytest.approx(ex.rows, rel=1e-12)
 
@@ -141,9 +140,7 @@ def test_eq4_is_exact_at_theta_edges(n: int, alpha: float, theta: float) -> None
 @pytest.mark.parametrize("n", STAGES)
 @pytest.mark.parametrize("alpha", (0.1, 0.2, 0.3, 0.5))
 @pytest.mark.parametrize("theta", (0.3, 0.6, 0.8))
-def test_eq4_underestimates_the_exact_steady_state(
-    n: int, alpha: float, theta: float
-) -> None:
+def test_eq4_underestimates_the_exact_steady_state(n: int, alpha: float, theta: float) -> None:
     """The simplifying assumption of §5.1 always errs low in the interior (documented)."""
     ex = sp_alpha_exact(100.0, n, theta, alpha)
     pa = sp_alpha_paper(100.0, n, theta, alpha)

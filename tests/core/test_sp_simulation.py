@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from spexis_sglang.core.cost_model import (
     b_eff_star,
     simulate_eq1,
@@ -34,9 +35,7 @@ def test_monte_carlo_follows_eq1_every_iteration(n: int, theta: float) -> None:
     assert np.max(np.abs(sim.accepted[1:] - rec.s_a)) <= tol
     assert np.max(np.abs(sim.stale[1:] - rec.s_r)) <= tol
     assert np.max(np.abs(sim.normal[1:] - rec.n)) <= tol
-    assert np.all(
-        sim.rows == r_n
-    )  # every request has a row every iteration (alpha = 0)
+    assert np.all(sim.rows == r_n)  # every request has a row every iteration (alpha = 0)
 
 
 @pytest.mark.parametrize("n", STAGES)
@@ -70,9 +69,7 @@ def test_monte_carlo_selective_matches_exact_steady_state(
     "n,theta,alpha",
     [(2, 0.7, 0.2), (2, 0.8, 0.15), (4, 0.7, 0.2), (4, 0.6, 0.3), (8, 0.7, 0.2)],
 )
-def test_eq4_deviation_from_simulation_is_as_documented(
-    n: int, theta: float, alpha: float
-) -> None:
+def test_eq4_deviation_from_simulation_is_as_documented(n: int, theta: float, alpha: float) -> None:
     """Quantify Eq. 3-4's simplification against the simulation (sp_alpha_exact docstring).
 
     The Monte-Carlo estimate agrees with the exact formula within 1 %, while Eq. 4 is low by
@@ -100,8 +97,4 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
 
 def test_single_stage_has_no_speculation() -> None:
     sim = simulate_sp(100, 1, 0.5, 50, seed=0)
-    assert (
-        np.all(sim.normal == 100)
-        and np.all(sim.accepted == 0)
-        and np.all(sim.stale == 0)
-    )
+    assert np.all(sim.normal == 100) and np.all(sim.accepted == 0) and np.all(sim.stale == 0)

@@ -109,15 +109,20 @@ class AdmissionDecision:
 
     index: int
     admit_now: bool
-    #: 0 = now; k > 0 = admit k iterations from now; None = no eviction-free iteration
-    #: within the horizon (re-evaluate later)
+    #: when to admit: 0 = now; k > 0 = k iterations from now; None = not within the
+    #: horizon (re-evaluate later)
     delay_iters: int | None
     #: ``G`` when the aggr-vs-delay trade-off was evaluated, else None
     gain: float | None = None
     #: expected evictions if admitted now (0 when it fits)
     evictions: int = 0
-    #: "fits" | "gain" (trade-off decided by G) | "fcfs" (queued behind a delayed request)
+    #: "fits" (no eviction expected) | "gain" (trade-off decided by G) | "fcfs" (queued
+    #: behind a delayed request)
     reason: str = "fits"
+    #: the eviction-free alternative: first iteration (from now) at which admission would
+    #: evict nobody, None if there is none within the horizon; equals ``delay_iters``
+    #: unless the request is admitted now despite expected evictions
+    eviction_free_delay: int | None = 0
     forecast: EvictionForecast | None = field(default=None, compare=False, repr=False)
 
 
@@ -154,18 +159,14 @@ class AdmissionPlanner:
         self.fcfs = fcfs
         h = model.horizon
         eg = model.expected_generated
-        self._new_growth = (
-            eg.copy()
-        )  # new request admitted now: P + E[G_i] after iteration i
+        self._new_growth = eg.copy()  # new request admitted now: P + E[G_i] after iteration i
         self._new_growth[0] = 0.0
         self._window = min(self.period, h)
         self._h = h
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def default_victim_order(
-        lengths: np.ndarray, bucket_rows: np.ndarray
-    ) -> np.ndarray:
+    def default_victim_order(lengths: np.ndarray, bucket_rows: np.ndarray) -> np.ndarray:
         """Requests without a finish prediction first, then longer predicted remaining
         lengths; within a group larger KV footprints first (fewest evictions); then index.
         """
@@ -219,9 +220,7 @@ class AdmissionPlanner:
                     if v in out:
                         continue
                     if v not in traj:
-                        traj[v] = model.trajectories(
-                            lengths[v : v + 1], bucket_rows[v : v + 1]
-                        )[0]
+                        traj[v] = model.trajectory_of_row(lengths[v], int(bucket_rows[v]))
                         clock[v] = i - 1
                     need = traj[v][clock[v] + 1]
                     if need <= 0.0:
@@ -287,11 +286,7 @@ class AdmissionPlanner:
         eg = self._new_growth
         # 1. FCFS prefix that fits now with no eviction, all at once.
         cum = np.cumsum(wt)
-        need = (
-            full[None, 1:]
-            + cum[:, None]
-            + np.arange(1, wt.size + 1)[:, None] * eg[None, 1:]
-        )
+        need = full[None, 1:] + cum[:, None] + np.arange(1, wt.size + 1)[:, None] * eg[None, 1:]
         fits = np.max(need, axis=1) <= cap
         j_star = int(np.argmin(fits)) if not fits.all() else wt.size
         for j in range(j_star):
@@ -307,21 +302,18 @@ class AdmissionPlanner:
             prompt = float(wt[j])
             slack = cap - reserved[1:]
             d = self._delay_slot(slack, prompt, d_min)
+            free = None if d is None else d - 1
             if d == 1:
                 decisions.append(AdmissionDecision(j, True, 0))
                 reserved = reserved + prompt + eg
                 continue
             if delayed and self.fcfs:
+                # Queued behind a delayed request: its slot, no trade-off of its own.
                 decisions.append(
-                    AdmissionDecision(
-                        j, False, None if d is None else d - 1, reason="fcfs"
-                    )
+                    AdmissionDecision(j, False, free, reason="fcfs", eviction_free_delay=free)
                 )
                 if d is None:
-                    for k in range(j + 1, wt.size):
-                        decisions.append(
-                            AdmissionDecision(k, False, None, reason="fcfs")
-                        )
+                    decisions.extend(self._beyond_horizon(j + 1, wt.size))
                     break
                 reserved = self._reserve(reserved, prompt, d)
                 d_min = d
@@ -335,7 +327,6 @@ class AdmissionPlanner:
                 )
                 fin = self.model.expected_finished(buckets)
             fc = self.forecast_aggr(reserved, prompt, ln, rows, order)
-            i_delay = (d - 1) if d is not None else self._h
             g = (
                 float("inf")
                 if fc.unresolvable
@@ -343,44 +334,47 @@ class AdmissionPlanner:
                     self.period,
                     ln.size,
                     self.pdr,
-                    i_delay,
+                    free if free is not None else self._h,
                     fc.waits,
                     n_recompute=fc.recomputes,
                     finished_iters=self._finished_iters(fin),
                 )
             )
-            if g > 1.0:
-                decisions.append(
-                    AdmissionDecision(
-                        j,
-                        False,
-                        None if d is None else d - 1,
-                        g,
-                        len(fc.waits),
-                        "gain",
-                        fc,
-                    )
+            admit = g <= 1.0
+            decisions.append(
+                AdmissionDecision(
+                    index=j,
+                    admit_now=admit,
+                    delay_iters=0 if admit else free,
+                    gain=g,
+                    evictions=len(fc.waits),
+                    reason="gain",
+                    eviction_free_delay=free,
+                    forecast=fc,
                 )
-                delayed = True
-                if d is None:
-                    for k in range(j + 1, wt.size):
-                        decisions.append(
-                            AdmissionDecision(k, False, None, reason="fcfs")
-                        )
-                    break
-                reserved = self._reserve(reserved, prompt, d)
-                d_min = d if self.fcfs else 1
-            else:
-                decisions.append(
-                    AdmissionDecision(j, True, 0, g, len(fc.waits), "gain", fc)
-                )
+            )
+            if admit:
                 reserved = reserved + prompt + eg
+                continue
+            delayed = True
+            if d is None:
+                decisions.extend(self._beyond_horizon(j + 1, wt.size))
+                break
+            reserved = self._reserve(reserved, prompt, d)
+            d_min = d if self.fcfs else 1
         logger.debug(
             "admission: %d waiting, %d admitted now",
             wt.size,
             sum(d.admit_now for d in decisions),
         )
         return decisions
+
+    @staticmethod
+    def _beyond_horizon(first: int, stop: int) -> list[AdmissionDecision]:
+        return [
+            AdmissionDecision(k, False, None, reason="fcfs", eviction_free_delay=None)
+            for k in range(first, stop)
+        ]
 
     def _reserve(self, reserved: np.ndarray, prompt: float, d: int) -> np.ndarray:
         out = reserved.copy()

@@ -242,9 +242,7 @@ def simulate_eq3(num_stages: int, alpha: float, batch: float, steps: int) -> np.
     return np.asarray(b[: steps + 1])
 
 
-def b_eff_alpha_star(
-    batch: float, num_stages: int, theta_alpha: float, alpha: float
-) -> float:
+def b_eff_alpha_star(batch: float, num_stages: int, theta_alpha: float, alpha: float) -> float:
     """Effective batch of selective speculation, Eq. 4 (as printed in the paper).
 
     ``B*_eff,alpha = alpha B*_alpha + (1 - alpha) B*_alpha / (N - Theta_alpha (N - 1))``:
@@ -327,9 +325,7 @@ def sp_alpha_exact(
     cycle = n - p_fast * (n - 1)
     stale = sum((1.0 - alpha) ** j for j in range(n - 1))
     rows_per_req = (1.0 + (1.0 - alpha) * (1.0 - theta_alpha) * stale) / cycle
-    return SPAlphaSteadyState(
-        rows=float(batch) * rows_per_req, effective=float(batch) / cycle
-    )
+    return SPAlphaSteadyState(rows=float(batch) * rows_per_req, effective=float(batch) / cycle)
 
 
 def lookahead_theta(theta_alpha: float, alpha: float = 0.0) -> float:
@@ -361,17 +357,13 @@ class LatencyTable:
 
     __slots__ = ("batches", "seconds", "name")
 
-    def __init__(
-        self, points: Iterable[Sequence[float]], name: str = "latency"
-    ) -> None:
+    def __init__(self, points: Iterable[Sequence[float]], name: str = "latency") -> None:
         pts = [tuple(p) for p in points]
         if not pts:
             raise ValueError(f"{name}: the latency table is empty")
         for i, p in enumerate(pts):
             if len(p) != 2:
-                raise ValueError(
-                    f"{name}[{i}]: expected [batch, seconds], got {list(p)!r}"
-                )
+                raise ValueError(f"{name}[{i}]: expected [batch, seconds], got {list(p)!r}")
         b = np.asarray([float(p[0]) for p in pts])
         s = np.asarray([float(p[1]) for p in pts])
         if np.any(~np.isfinite(b)) or np.any(b <= 0):
@@ -398,9 +390,7 @@ class LatencyTable:
         x = np.asarray(batch, dtype=float)
         out = np.interp(x, self.batches, self.seconds)
         if self.batches.size >= 2:
-            slope = (self.seconds[-1] - self.seconds[-2]) / (
-                self.batches[-1] - self.batches[-2]
-            )
+            slope = (self.seconds[-1] - self.seconds[-2]) / (self.batches[-1] - self.batches[-2])
             hi = x > self.batches[-1]
             out = np.where(hi, self.seconds[-1] + slope * (x - self.batches[-1]), out)
         return float(out) if out.ndim == 0 else out
@@ -424,9 +414,7 @@ def throughput_pp(batch: float, num_stages: int, latency: LatencyTable) -> float
     return mb / latency(mb)
 
 
-def throughput_sp(
-    batch: float, num_stages: int, theta: float, latency: LatencyTable
-) -> float:
+def throughput_sp(batch: float, num_stages: int, theta: float, latency: LatencyTable) -> float:
     """Table 1, SP: ``B*_eff / T_sp(B)`` with ``B*_eff`` from Eq. 2."""
     return b_eff_star(batch, num_stages, theta) / latency(batch)
 

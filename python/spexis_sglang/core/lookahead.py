@@ -73,9 +73,7 @@ NO_BUCKET = -1
 
 
 @functools.lru_cache(maxsize=64)
-def generated_tokens_survival(
-    num_stages: int, theta: float, horizon: int
-) -> np.ndarray:
+def generated_tokens_survival(num_stages: int, theta: float, horizon: int) -> np.ndarray:
     """``S[i, k] = P(G_i >= k)`` for ``i = 0 .. horizon`` and ``k = 0 .. horizon + 1``.
 
     Exact under the model of the module docstring (read-only, cached).
@@ -192,24 +190,14 @@ class LookaheadModel:
         horizon: int = 64,
         formula: str = "exact",
     ) -> None:
-        if (
-            isinstance(num_stages, bool)
-            or int(num_stages) != num_stages
-            or num_stages < 1
-        ):
+        if isinstance(num_stages, bool) or int(num_stages) != num_stages or num_stages < 1:
             raise ValueError(f"num_stages must be an integer >= 1, got {num_stages!r}")
         theta = float(theta)
         if not 0.0 <= theta <= 1.0:
             raise ValueError(f"theta must lie in [0, 1], got {theta!r}")
         thr = tuple(int(t) for t in thresholds)
-        if (
-            not thr
-            or any(t < 1 for t in thr)
-            or any(b <= a for a, b in zip(thr, thr[1:]))
-        ):
-            raise ValueError(
-                f"thresholds must be positive and strictly increasing, got {thr}"
-            )
+        if not thr or any(t < 1 for t in thr) or any(b <= a for a, b in zip(thr, thr[1:])):
+            raise ValueError(f"thresholds must be positive and strictly increasing, got {thr}")
         prec = tuple(float(p) for p in precision)
         if len(prec) != len(thr):
             raise ValueError(
@@ -246,9 +234,7 @@ class LookaheadModel:
             arr = np.asarray([NO_BUCKET if b is None else b for b in arr.tolist()])
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             if not np.all(np.equal(np.mod(arr, 1), 0)):
-                raise ValueError(
-                    "buckets must be integers (-1 or None for no prediction)"
-                )
+                raise ValueError("buckets must be integers (-1 or None for no prediction)")
             arr = arr.astype(np.int64)
         if arr.size:
             lo, hi = int(arr.min()), int(arr.max())
@@ -256,7 +242,7 @@ class LookaheadModel:
                 raise ValueError(
                     f"bucket indices must lie in [-1, {self._none - 1}], got range [{lo}, {hi}]"
                 )
-        return np.where(arr < 0, self._none, arr)
+        return np.where(arr < 0, self._none, arr).astype(np.int64, copy=False)
 
     # ------------------------------------------------------------------ projections
     def project_full(
@@ -296,9 +282,12 @@ class LookaheadModel:
         b = self.bucket_index(buckets)
         return ln[:, None] * (1.0 - self._t.pfin[b]) + self._t.ret[b]
 
-    def expected_finished(
-        self, buckets: Sequence[int | None] | np.ndarray
-    ) -> np.ndarray:
+    def trajectory_of_row(self, length: float, row: int) -> np.ndarray:
+        """Expected KV tokens (``horizon + 1`` values) of one request whose bucket was
+        already mapped by :meth:`bucket_index` to table row ``row``."""
+        return length * (1.0 - self._t.pfin[row]) + self._t.ret[row]
+
+    def expected_finished(self, buckets: Sequence[int | None] | np.ndarray) -> np.ndarray:
         """Expected number of requests finished by iterations ``0 .. horizon``."""
         b = self.bucket_index(buckets)
         cnt = np.bincount(b, minlength=self._none + 1).astype(float)

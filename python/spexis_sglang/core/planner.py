@@ -134,9 +134,7 @@ def _int_field(obj: Mapping[str, Any], key: str, path: str, minimum: int = 1) ->
         raise ProfileError(f"{path}.{key}: missing required key")
     v = obj[key]
     if not _is_int(v):
-        raise ProfileError(
-            f"{path}.{key}: expected an integer, got {type(v).__name__} {v!r}"
-        )
+        raise ProfileError(f"{path}.{key}: expected an integer, got {type(v).__name__} {v!r}")
     if v < minimum:
         raise ProfileError(f"{path}.{key}: must be >= {minimum}, got {v}")
     return v
@@ -144,9 +142,7 @@ def _int_field(obj: Mapping[str, Any], key: str, path: str, minimum: int = 1) ->
 
 def _prob(v: Any, path: str) -> float:
     if not _is_num(v):
-        raise ProfileError(
-            f"{path}: expected a number in [0, 1], got {type(v).__name__} {v!r}"
-        )
+        raise ProfileError(f"{path}: expected a number in [0, 1], got {type(v).__name__} {v!r}")
     if not 0.0 <= v <= 1.0:
         raise ProfileError(f"{path}: {v} is outside [0, 1]")
     return float(v)
@@ -156,30 +152,22 @@ def _pp_key(k: Any, path: str) -> int:
     try:
         pp = int(k)
     except (TypeError, ValueError):
-        raise ProfileError(
-            f"{path}: key {k!r} is not a pipeline depth (an integer >= 2)"
-        ) from None
+        raise ProfileError(f"{path}: key {k!r} is not a pipeline depth (an integer >= 2)") from None
     if str(pp) != str(k).strip() or pp < 2:
-        raise ProfileError(
-            f"{path}: key {k!r} is not a pipeline depth (an integer >= 2)"
-        )
+        raise ProfileError(f"{path}: key {k!r} is not a pipeline depth (an integer >= 2)")
     return pp
 
 
 def _latency(v: Any, path: str) -> LatencyTable:
     if not isinstance(v, list):
-        raise ProfileError(
-            f"{path}: expected a list of [batch, seconds] points, got {v!r}"
-        )
+        raise ProfileError(f"{path}: expected a list of [batch, seconds] points, got {v!r}")
     if not v:
         raise ProfileError(f"{path}: the latency table is empty")
     for i, p in enumerate(v):
         if not isinstance(p, list) or len(p) != 2:
             raise ProfileError(f"{path}[{i}]: expected [batch, seconds], got {p!r}")
         if not _is_num(p[0]) or not _is_num(p[1]):
-            raise ProfileError(
-                f"{path}[{i}]: batch and seconds must be numbers, got {p!r}"
-            )
+            raise ProfileError(f"{path}[{i}]: batch and seconds must be numbers, got {p!r}")
     try:
         return LatencyTable(v, name=path)
     except ValueError as e:
@@ -189,9 +177,7 @@ def _latency(v: Any, path: str) -> LatencyTable:
 def parse_profile(data: Any) -> Profile:
     """Validate a decoded profile JSON object and build a :class:`Profile`."""
     if not isinstance(data, dict):
-        raise ProfileError(
-            f"profile: expected a JSON object, got {type(data).__name__}"
-        )
+        raise ProfileError(f"profile: expected a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise ProfileError(
@@ -203,15 +189,11 @@ def parse_profile(data: Any) -> Profile:
     num_gpus = _int_field(data, "num_gpus", "profile")
     tps = data.get("tokens_per_seq")
     if tps is not None and (not _is_num(tps) or tps <= 0):
-        raise ProfileError(
-            f"profile.tokens_per_seq: expected a number > 0, got {tps!r}"
-        )
+        raise ProfileError(f"profile.tokens_per_seq: expected a number > 0, got {tps!r}")
 
     theta_raw = data.get("theta", {})
     if not isinstance(theta_raw, dict):
-        raise ProfileError(
-            f"profile.theta: expected an object {{pp: theta}}, got {theta_raw!r}"
-        )
+        raise ProfileError(f"profile.theta: expected an object {{pp: theta}}, got {theta_raw!r}")
     theta = {
         _pp_key(k, f"profile.theta[{k!r}]"): _prob(v, f"profile.theta[{k!r}]")
         for k, v in theta_raw.items()
@@ -229,9 +211,7 @@ def parse_profile(data: Any) -> Profile:
         pp = _pp_key(k, path)
         if not isinstance(v, list) or not v:
             raise ProfileError(f"{path}: expected a non-empty list of acceptance rates")
-        prof = RankAcceptanceProfile(
-            tuple(_prob(a, f"{path}[{i}]") for i, a in enumerate(v))
-        )
+        prof = RankAcceptanceProfile(tuple(_prob(a, f"{path}[{i}]") for i, a in enumerate(v)))
         if pp in theta and abs(prof.theta - theta[pp]) > THETA_PROFILE_TOLERANCE:
             raise ProfileError(
                 f"{path}: mean acceptance {prof.theta:.4f} disagrees with profile.theta"
@@ -241,24 +221,18 @@ def parse_profile(data: Any) -> Profile:
 
     grid_raw = data.get("alpha_grid", list(DEFAULT_ALPHA_GRID))
     if not isinstance(grid_raw, list) or not grid_raw:
-        raise ProfileError(
-            f"profile.alpha_grid: expected a non-empty list, got {grid_raw!r}"
-        )
+        raise ProfileError(f"profile.alpha_grid: expected a non-empty list, got {grid_raw!r}")
     grid = []
     for i, a in enumerate(grid_raw):
         if not _is_num(a) or not 0.0 <= a < 1.0:
-            raise ProfileError(
-                f"profile.alpha_grid[{i}]: expected a number in [0, 1), got {a!r}"
-            )
+            raise ProfileError(f"profile.alpha_grid[{i}]: expected a number in [0, 1), got {a!r}")
         grid.append(float(a))
 
     cfgs_raw = data.get("configs")
     if cfgs_raw is None:
         raise ProfileError("profile.configs: missing required key")
     if not isinstance(cfgs_raw, list) or not cfgs_raw:
-        raise ProfileError(
-            "profile.configs: expected a non-empty list of configurations"
-        )
+        raise ProfileError("profile.configs: expected a non-empty list of configurations")
     configs: list[ConfigProfile] = []
     seen: dict[tuple[int, int], int] = {}
     for ci, c in enumerate(cfgs_raw):
@@ -278,9 +252,7 @@ def parse_profile(data: Any) -> Profile:
                 f"{num_gpus} GPUs"
             )
         if (pp, tp) in seen:
-            raise ProfileError(
-                f"{path}: duplicate of configs[{seen[(pp, tp)]}] (pp={pp}, tp={tp})"
-            )
+            raise ProfileError(f"{path}: duplicate of configs[{seen[(pp, tp)]}] (pp={pp}, tp={tp})")
         seen[(pp, tp)] = ci
         has_b, has_kv = "max_batch" in c, "kv_capacity_tokens" in c
         if has_b == has_kv:
@@ -292,9 +264,7 @@ def parse_profile(data: Any) -> Profile:
         else:
             kv = c["kv_capacity_tokens"]
             if not _is_num(kv) or kv <= 0:
-                raise ProfileError(
-                    f"{path}.kv_capacity_tokens: expected a number > 0, got {kv!r}"
-                )
+                raise ProfileError(f"{path}.kv_capacity_tokens: expected a number > 0, got {kv!r}")
             if tps is None:
                 raise ProfileError(
                     f"{path}.kv_capacity_tokens: needs profile.tokens_per_seq to convert "
@@ -303,8 +273,7 @@ def parse_profile(data: Any) -> Profile:
             batch = int(kv // tps)
             if batch < 1:
                 raise ProfileError(
-                    f"{path}.kv_capacity_tokens: {kv} tokens hold no sequence of "
-                    f"{tps} tokens"
+                    f"{path}.kv_capacity_tokens: {kv} tokens hold no sequence of " f"{tps} tokens"
                 )
         if "latency" not in c:
             raise ProfileError(f"{path}.latency: missing required key")
@@ -424,9 +393,7 @@ def rank_configurations(profile: Profile, alpha_model: str = "paper") -> list[Pl
         )
         prof = profile.acceptance_by_rank.get(n)
         if prof is not None:
-            best, _ = choose_alpha(
-                n, b, prof, c.latency_sp, profile.alpha_grid, alpha_model
-            )
+            best, _ = choose_alpha(n, b, prof, c.latency_sp, profile.alpha_grid, alpha_model)
             if best.alpha > 0.0:
                 rows.append(
                     PlanRow(

@@ -219,9 +219,7 @@ class SPState:
         try:
             return self._reqs[rid]
         except KeyError:
-            raise KeyError(
-                f"request {rid!r} is not tracked (removed or never added)"
-            ) from None
+            raise KeyError(f"request {rid!r} is not tracked (removed or never added)") from None
 
     def epoch(self, rid: Hashable) -> int:
         return self._get(rid).epoch
@@ -263,11 +261,7 @@ class SPState:
     def has_pending_draft(self, rid: Hashable) -> bool:
         """True when the request's next row would be speculative (it is a drop candidate)."""
         req = self._reqs.get(rid)
-        return (
-            req is not None
-            and req.pending is not None
-            and req.frontier >= req.verified_len
-        )
+        return req is not None and req.pending is not None and req.frontier >= req.verified_len
 
     def candidate_confidence(self, rid: Hashable) -> float:
         """Chain confidence of the row the pending draft would start: the selection key (§5.1)."""
@@ -315,9 +309,7 @@ class SPState:
             )
         if is_spec:
             if req.frontier < req.verified_len or req.pending is None:
-                raise SPProtocolError(
-                    f"request {rid!r}: no draft to speculate on at {position}"
-                )
+                raise SPProtocolError(f"request {rid!r}: no draft to speculate on at {position}")
             if req.pending[0] != token:
                 raise SPProtocolError(
                     f"request {rid!r}: speculative token {token} is not the pending draft "
@@ -372,12 +364,22 @@ class SPState:
             self.stats.drafts_dropped += 1
 
     def on_result(
-        self, rid: Hashable, position: int, epoch: int, true_token: int
+        self,
+        rid: Hashable,
+        position: int,
+        epoch: int,
+        true_token: int,
+        launched_draft: int | None = None,
     ) -> Outcome:
         """Process the true token for ``position + 1`` from row ``(position, epoch)``.
 
         Non-stale outcomes commit ``true_token`` (the caller emits it). ``REJECTED`` bumps
         the epoch; the next row is a normal row with ``true_token``.
+
+        ``launched_draft`` is the draft the row ``(position, epoch)`` produced, when the
+        caller knows it better than the state: later pipeline stages learn a draft's value
+        only when it comes back with the true token, so they launch speculative rows with a
+        placeholder and pass the real draft here.
         """
         req = self._reqs.get(rid)
         if req is None:
@@ -405,6 +407,8 @@ class SPState:
         req.last_token = true_token
         if req.drafts:
             d_pos, d_tok, _ = req.drafts.popleft()
+            if launched_draft is not None:
+                d_tok = int(launched_draft)
             if d_pos != position + 1:
                 raise SPProtocolError(
                     f"request {rid!r}: oldest draft at {d_pos}, expected {position + 1}"
@@ -426,9 +430,7 @@ class SPState:
         return Outcome.APPENDED
 
     @staticmethod
-    def _pop_row(
-        rid: Hashable, rows: deque[tuple[int, int]], position: int, epoch: int
-    ) -> None:
+    def _pop_row(rid: Hashable, rows: deque[tuple[int, int]], position: int, epoch: int) -> None:
         if not rows:
             raise SPProtocolError(
                 f"request {rid!r}: result for row ({position}, epoch {epoch}) with no row in flight"

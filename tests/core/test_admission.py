@@ -1,0 +1,225 @@
+"""Admission gain G (§5.2, A.3) and the admission policy against explicit simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from spexis_sglang.core.admission import AdmissionPlanner, gain
+from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS, LookaheadModel
+from spexis_sglang.core.simulation import simulate_admission
+
+THR = DEFAULT_THRESHOLDS
+
+
+def paper_g(period, bs, pdr, i_delay, i_waits):
+    """§5.2's closed form, typed in as printed."""
+    n = len(i_waits)
+    left = (period + (n + 1) * (pdr - 1)) / (period + pdr - 1)
+    right = (bs + 1 - i_delay / period) / (bs + 1 - sum(w / period for w in i_waits))
+    return left * right
+
+
+def a3_g(period, bs, pdr, i_delay, i_waits):
+    """Appendix A.3's token / time derivation, in seconds with t_d = 1 ms."""
+    t_d = 1e-3
+    t_p = pdr * t_d
+    n = len(i_waits)
+    tok_aggr = (bs + 1) * period - sum(i_waits)
+    t_aggr = (period - (n + 1)) * t_d + (n + 1) * t_p
+    tok_delay = (bs + 1) * period - i_delay
+    t_delay = (period - 1) * t_d + t_p
+    return (tok_delay / t_delay) / (tok_aggr / t_aggr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    period=st.integers(8, 500),
+    bs=st.integers(1, 512),
+    pdr=st.floats(1.0, 40.0),
+    i_delay=st.integers(0, 7),
+    waits=st.lists(st.integers(0, 7), max_size=6),
+)
+def test_gain_equals_paper_closed_form_and_a3(period, bs, pdr, i_delay, waits) -> None:
+    g = gain(period, bs, pdr, i_delay, waits)
+    assert g == pytest.approx(paper_g(period, bs, pdr, i_delay, waits), rel=1e-12)
+    assert g == pytest.approx(a3_g(period, bs, pdr, i_delay, waits), rel=1e-9)
+
+
+def test_gain_qualitative_cases_of_section_5_2() -> None:
+    # one eviction, short wait, long delay, small batch: evicting is cheaper -> G < 1
+    assert gain(64, 4, 2.0, i_delay=40, i_waits=[2]) < 1.0
+    # frequent evictions: the recompute overhead dominates -> G > 1
+    assert gain(64, 32, 4.0, i_delay=10, i_waits=[5] * 8) > 1.3
+    # large batch: the right-hand factor is ~1, the recompute term decides
+    assert gain(64, 256, 4.0, i_delay=40, i_waits=[2]) > 1.0
+    # no eviction at all: delaying can only lose
+    assert gain(64, 8, 4.0, i_delay=5, i_waits=[]) < 1.0
+
+
+def test_gain_refinements() -> None:
+    base = gain(64, 10, 3.0, 12, [4, 6])
+    # a victim still waiting at the end of the period is not charged a recompute
+    assert gain(64, 10, 3.0, 12, [4, 6], n_recompute=1) < base
+    # finished requests decode in neither policy; the paper's formula is finished_iters = 0
+    f = 100.0
+    tok_d, tok_a = 11 * 64 - 12 - f, 11 * 64 - 10 - f
+    expect = (tok_d / (64 + 2.0)) / (tok_a / (64 + 3 * 2.0))
+    assert gain(64, 10, 3.0, 12, [4, 6], finished_iters=f) == pytest.approx(expect)
+    # a delay beyond the period: no prefill in the period, the wait is capped
+    assert gain(64, 10, 3.0, 100, [4]) == pytest.approx(
+        ((11 * 64 - 64) / 64) / ((11 * 64 - 4) / (64 + 2 * 2.0))
+    )
+    with pytest.raises(ValueError):
+        gain(0, 1, 2.0, 1, [])
+    with pytest.raises(ValueError):
+        gain(10, 1, 0.0, 1, [])
+
+
+# ----------------------------------------------------------------- explicit simulation
+
+
+def _deterministic_planner(capacity: float, pdr: float, horizon: int = 64) -> AdmissionPlanner:
+    """theta = 1 and exact predictions: the projection is the future, not an estimate."""
+    model = LookaheadModel(2, 1.0, [1.0] * 5, THR, horizon)
+    return AdmissionPlanner(model, capacity, pdr, period=horizon)
+
+
+def _simulate_both(lengths, buckets, capacity, prompt, pdr, order, horizon=64):
+    rem = [None if b < 0 else THR[b] for b in buckets]
+    aggr = simulate_admission(lengths, rem, capacity, prompt, 1, horizon, 1.0, pdr, order)
+    for d in range(1, horizon + 2):
+        delay = simulate_admission(lengths, rem, capacity, prompt, d, horizon, 1.0, pdr, order)
+        if not delay.evictions:
+            return aggr, delay, d
+    raise AssertionError("unreachable: admitting after the period never evicts")
+
+
+def _victim_order(lengths, buckets):
+    """Requests without a finish prediction first (largest first), then by bucket."""
+    idx = sorted(range(len(lengths)), key=lambda r: (buckets[r] >= 0, -buckets[r], -lengths[r]))
+    return idx
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
+@given(
+    reqs=st.lists(st.tuples(st.integers(10, 400), st.integers(-1, 4)), min_size=2, max_size=8),
+    slack=st.integers(0, 400),
+    prompt=st.integers(1, 400),
+    pdr=st.floats(1.0, 8.0),
+)
+def test_planner_matches_explicit_simulation_of_both_policies(reqs, slack, prompt, pdr) -> None:
+    """In a deterministic world the policy's n, i_wait, i_delay and G equal the simulation's."""
+    lengths = [r[0] for r in reqs]
+    buckets = [r[1] for r in reqs]
+    order = _victim_order(lengths, buckets)
+    full = LookaheadModel(2, 1.0, [1.0] * 5, THR, 64).project_full(lengths, buckets)
+    capacity = float(full.max() + slack)  # the running requests alone never overflow
+    planner = _deterministic_planner(capacity, pdr)
+    dec = planner.decide(lengths, buckets, [prompt], victim_order=order)[0]
+    aggr, delay, d = _simulate_both(lengths, buckets, capacity, prompt, pdr, order)
+    finishing = {r for r in range(len(reqs)) if buckets[r] >= 0}
+    assume(not any(v in finishing for v, _ in aggr.evictions))  # F equal in both policies
+    event(f"reason={dec.reason} evictions={min(dec.evictions, 3)}")
+    if dec.reason == "fits":
+        assert dec.admit_now and dec.delay_iters == 0 and not aggr.evictions and d == 1
+        return
+    assert dec.reason == "gain" and dec.forecast is not None
+    assume(not dec.forecast.unresolvable)
+    assert list(dec.forecast.evictions) == aggr.evictions
+    assert list(dec.forecast.waits) == aggr.waits
+    assert dec.forecast.recomputes == aggr.recomputes
+    free = dec.eviction_free_delay
+    assert (free if free is not None else 64) == d - 1
+    assert dec.delay_iters == (0 if dec.admit_now else free)
+    assert dec.gain == pytest.approx(delay.throughput / aggr.throughput, rel=1e-9)
+    assert dec.admit_now == (dec.gain <= 1.0)
+
+
+def test_rare_eviction_with_long_delay_admits_now() -> None:
+    """§5.2: one eviction and i_delay >> i_wait can make G < 1: admit now.
+
+    A big request finishes at iteration 32 (bucket 3) and nine small ones keep growing.
+    Admitting now overflows only at iterations 30-31 (one small victim, back at 32);
+    an eviction-free admission has to wait 21 iterations.
+    """
+    lengths, buckets = [600] + [20] * 9, [3] + [-1] * 9
+    order = list(range(1, 10)) + [0]
+    planner = _deterministic_planner(capacity=1200.0, pdr=1.2)
+    dec = planner.decide(lengths, buckets, [100], victim_order=order)[0]
+    aggr, delay, d = _simulate_both(lengths, buckets, 1200.0, 100, 1.2, order)
+    assert dec.evictions == 1 == len(aggr.evictions)
+    assert aggr.waits == [2] and dec.eviction_free_delay == d - 1 == 21
+    assert dec.gain == pytest.approx(delay.throughput / aggr.throughput)
+    assert dec.gain < 1.0 and dec.admit_now and dec.delay_iters == 0
+
+
+def test_frequent_evictions_delay() -> None:
+    """§5.2: when admitting now keeps evicting, G > 1: delay until the big request leaves."""
+    lengths = [900] + [30] * 12
+    buckets = [3] + [-1] * 12
+    order = list(range(1, 13)) + [0]
+    planner = _deterministic_planner(capacity=1700.0, pdr=4.0)
+    dec = planner.decide(lengths, buckets, [300], victim_order=order)[0]
+    aggr, delay, d = _simulate_both(lengths, buckets, 1700.0, 300, 4.0, order)
+    assert dec.evictions >= 4 and len(aggr.evictions) == dec.evictions
+    assert dec.gain == pytest.approx(delay.throughput / aggr.throughput)
+    assert dec.gain > 1.0 and not dec.admit_now
+    assert dec.delay_iters == d - 1 == 31
+
+
+def test_fcfs_prefix_and_ordering() -> None:
+    model = LookaheadModel(4, 0.65, [0.8, 0.8, 0.82, 0.85, 0.86])
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(100, 1500, 200).astype(float)
+    buckets = rng.integers(-1, 5, 200)
+    full = model.project_full(lengths, buckets)
+    planner = AdmissionPlanner(model, capacity=float(full.max()) + 6000, pdr=8.0)
+    waiting = rng.integers(200, 2000, 40)
+    decs = planner.decide(lengths, buckets, waiting)
+    assert [x.index for x in decs] == list(range(40))
+    now = [x.admit_now for x in decs]
+    k = now.index(False)
+    assert all(now[:k]) and not any(now[k:])  # FCFS: admitted requests form a prefix
+    # the admitted prefix really fits: projection + their prompts + growth <= capacity
+    eg = model.expected_generated
+    used = full[1:] + waiting[:k].sum() + k * eg[1:]
+    assert used.max() <= planner.capacity + 1e-6
+    used_next = used + waiting[k] + eg[1:]
+    assert used_next.max() > planner.capacity  # the first refused one would not fit
+    delays = [x.delay_iters for x in decs[k:] if x.delay_iters is not None]
+    assert delays == sorted(delays)  # later arrivals are never scheduled earlier
+    assert all(x.reason == "fcfs" for x in decs[k + 1 :])
+
+
+def test_everything_fits_and_empty_queue() -> None:
+    model = LookaheadModel(2, 0.8, [0.8] * 5)
+    planner = AdmissionPlanner(model, capacity=1e9, pdr=5.0)
+    decs = planner.decide([100, 200], [0, -1], [50, 60, 70])
+    assert all(x.admit_now and x.delay_iters == 0 and x.reason == "fits" for x in decs)
+    assert planner.decide([100], [0], []) == []
+
+
+def test_prompt_larger_than_capacity_is_delayed_beyond_horizon() -> None:
+    model = LookaheadModel(2, 0.8, [0.8] * 5)
+    planner = AdmissionPlanner(model, capacity=1000.0, pdr=5.0)
+    dec = planner.decide([100], [-1], [5000])[0]
+    assert not dec.admit_now and dec.delay_iters is None and dec.gain == float("inf")
+
+
+def test_planner_validation() -> None:
+    model = LookaheadModel(2, 0.8, [0.8] * 5)
+    with pytest.raises(ValueError, match="capacity"):
+        AdmissionPlanner(model, 0.0, 2.0)
+    with pytest.raises(ValueError, match="pdr"):
+        AdmissionPlanner(model, 10.0, 0.0)
+    with pytest.raises(ValueError, match="period"):
+        AdmissionPlanner(model, 10.0, 2.0, period=0)
+    with pytest.raises(ValueError, match="waiting_tokens"):
+        AdmissionPlanner(model, 10.0, 2.0).decide([1], [0], [-5])
