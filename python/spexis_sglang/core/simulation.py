@@ -35,8 +35,6 @@ __all__ = [
 # Speculative parallelism
 # --------------------------------------------------------------------------------------
 
-_NEED_NORMAL, _HAVE_DRAFT, _WAIT = 0, 1, 2
-
 
 @dataclass(frozen=True)
 class SPSimResult:
@@ -103,7 +101,10 @@ def simulate_sp(
         raise ValueError("num_requests, num_stages and iters must be >= 1")
     rng = np.random.default_rng(seed)
     epoch = np.zeros(r_n, dtype=np.int64)
-    mode = np.full(r_n, _NEED_NORMAL, dtype=np.int8)
+    # Request modes as masks (boolean masks are much cheaper than masked assignment):
+    # need = needs a normal row, wait = draft dropped, waiting; otherwise holds a draft.
+    need = np.ones(r_n, dtype=bool)
+    wait = np.zeros(r_n, dtype=bool)
     # Ring of in-flight rows; slot t % N holds the row launched at t.
     ex = np.zeros((n_st, r_n), dtype=bool)
     ep = np.zeros((n_st, r_n), dtype=np.int64)
@@ -116,51 +117,55 @@ def simulate_sp(
     stale = np.zeros(total, dtype=np.int64)
     dropped = np.zeros(total, dtype=np.int64)
     cands = np.zeros(total, dtype=np.int64)
-    idx = np.arange(r_n)
+    block = 64
+    u_acc = u_conf = np.empty((0, r_n))
     for t in range(total):
         s = t % n_st
         if t >= n_st:
             t0 = launch_iter[s]
             back = ex[s]
             valid = back & (ep[s] == epoch)
-            stale[t0] = np.count_nonzero(back & ~valid)
-            normal[t0] = np.count_nonzero(valid & ~spec[s])
+            n_valid = np.count_nonzero(valid)
+            stale[t0] = np.count_nonzero(back) - n_valid
             accepted[t0] = np.count_nonzero(valid & spec[s])
-            if np.any(valid & wrong[s]):
+            normal[t0] = n_valid - accepted[t0]
+            if np.count_nonzero(valid & wrong[s]):
                 raise AssertionError("a current-epoch row had a wrong input")
             # The request's next row (launched at t0 + 1) lives in slot (t0 + 1) % N; for
-            # N == 1 that is the slot being refilled now, i.e. no next row yet.
-            s1 = (s + 1) % n_st
+            # N == 1 that is the slot being refilled now, i.e. there is no next row yet.
             if n_st > 1:
+                s1 = (s + 1) % n_st
                 nxt = ex[s1] & (ep[s1] == epoch)
                 reject = valid & nxt & wrong[s1]
-                no_next = valid & ~nxt
+                trigger = reject | (valid & ~nxt)
+                np.add(epoch, reject, out=epoch, casting="unsafe")
             else:
-                reject = np.zeros(r_n, dtype=bool)
-                no_next = valid
-            epoch[reject] += 1
-            mode[reject | no_next] = _NEED_NORMAL
+                trigger = valid
+            need |= trigger
+            wait &= ~trigger
             ex[s] = False
         if t >= iters:
             continue
+        if t % block == 0:
+            u_acc = rng.random((block, r_n))
+            u_conf = rng.random((block, r_n))
         launch_iter[s] = t
-        need = mode == _NEED_NORMAL
-        cand = idx[mode == _HAVE_DRAFT]
-        cands[t] = cand.size
-        if alpha > 0.0 and cand.size:
-            d = cand[select_drops(rng.random(cand.size), alpha)]
-            mode[d] = _WAIT
-            dropped[t] = d.size
-            launch_spec = np.zeros(r_n, dtype=bool)
-            launch_spec[cand] = True
-            launch_spec[d] = False
+        have = ~(need | wait)
+        if alpha > 0.0:
+            cand = np.flatnonzero(have)
+            cands[t] = cand.size
+            if cand.size:
+                d = cand[select_drops(u_conf[t % block, cand], alpha)]
+                have[d] = False
+                wait[d] = True
+                dropped[t] = d.size
         else:
-            launch_spec = mode == _HAVE_DRAFT
-        ex[s] = need | launch_spec
+            cands[t] = np.count_nonzero(have)
+        ex[s] = need | have
         ep[s] = epoch
-        spec[s] = launch_spec
-        wrong[s] = launch_spec & (rng.random(r_n) >= theta)
-        mode[need] = _HAVE_DRAFT
+        spec[s] = have
+        wrong[s] = have & (u_acc[t % block] >= theta)
+        need[:] = False
     return SPSimResult(
         normal=normal[:iters].astype(float),
         accepted=accepted[:iters].astype(float),
