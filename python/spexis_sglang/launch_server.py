@@ -96,7 +96,82 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The ``--spexis-*`` flags; each arrives with the feature that uses it."""
-    return parser.add_argument_group("Spexis")
+    group = parser.add_argument_group("Spexis (speculative parallelism)")
+    group.add_argument(
+        "--spexis-draft-head",
+        default=None,
+        metavar="DIR|bundled|random:SEED",
+        help="Turn on speculative parallelism (needs --pp-size >= 2) with this early-exit "
+        "draft head on stage 0: an artifact directory, 'bundled' (the head shipped for the "
+        "default model at stage 0's depth), or 'random:SEED' (untrained, for tests and "
+        "throughput runs). Default: off, plain SGLang.",
+    )
+    group.add_argument(
+        "--spexis-alpha",
+        type=float,
+        default=0.0,
+        help="Selective speculation: fraction of drafts with the lowest confidence dropped "
+        "each iteration, in [0, 1). Default: 0.",
+    )
+    group.add_argument(
+        "--spexis-log-interval",
+        type=float,
+        default=10.0,
+        help="Seconds between Spexis statistics log lines (acceptance, effective batch, "
+        "row kinds); 0 turns them off. Default: 10.",
+    )
+    return group
+
+
+def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisConfig":
+    """Validate the Spexis flags against SGLang's resolved arguments; raise LaunchError."""
+    from spexis_sglang.srt.config import SpexisConfig
+
+    head = args.spexis_draft_head
+    if not 0.0 <= args.spexis_alpha < 1.0:
+        raise LaunchError(f"--spexis-alpha must be in [0, 1), got {args.spexis_alpha}")
+    if args.spexis_log_interval < 0:
+        raise LaunchError("--spexis-log-interval must be >= 0")
+    if head is None:
+        if args.spexis_alpha:
+            raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
+        return SpexisConfig(log_interval=args.spexis_log_interval)
+    if server_args.pp_size < 2:
+        raise LaunchError(
+            "--spexis-draft-head needs --pp-size >= 2: speculative parallelism runs the "
+            f"draft head on the first of several pipeline stages (got --pp-size {server_args.pp_size})"
+        )
+    if server_args.pp_async_batch_depth:
+        raise LaunchError("--spexis-draft-head needs --pp-async-batch-depth 0")
+    if server_args.enable_mixed_chunk:
+        raise LaunchError("--spexis-draft-head cannot be combined with --enable-mixed-chunk")
+    if server_args.page_size not in (None, 1):
+        raise LaunchError(f"--spexis-draft-head needs --page-size 1 (got {server_args.page_size})")
+    if server_args.dp_size > 1:
+        raise LaunchError("--spexis-draft-head does not support --dp-size > 1 yet")
+    if head == "bundled":
+        from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
+
+        try:
+            head = bundled_draft_head(server_args.model_path, server_args.pp_size)
+        except BundledHeadError as e:
+            raise LaunchError(f"--spexis-draft-head bundled: {e}") from None
+    elif head.startswith("random:"):
+        try:
+            int(head.split(":", 1)[1])
+        except ValueError:
+            raise LaunchError(f"--spexis-draft-head {head!r}: expected random:<integer seed>")
+    else:
+        path = os.path.abspath(os.path.expanduser(head))
+        if not os.path.isdir(path):
+            raise LaunchError(f"--spexis-draft-head {head!r}: no such artifact directory")
+        for name in ("config.json", "model.safetensors"):
+            if not os.path.isfile(os.path.join(path, name)):
+                raise LaunchError(f"--spexis-draft-head {head!r}: {name} is missing")
+        head = path
+    return SpexisConfig(
+        draft_head=head, alpha=args.spexis_alpha, log_interval=args.spexis_log_interval
+    )
 
 
 def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
@@ -117,13 +192,14 @@ def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
 
 
 def prepare_server_args(argv: List[str]):
-    """Parse a full command line into SGLang's ``ServerArgs`` (CPU support already active)."""
+    """Parse a full command line into SGLang's ``ServerArgs`` and our ``SpexisConfig``."""
     from sglang.srt.server_args import prepare_server_args as sglang_prepare_server_args
 
-    spexis_parser = argparse.ArgumentParser(add_help=False)
+    spexis_parser = argparse.ArgumentParser(prog=PROG, add_help=False)
     add_spexis_args(spexis_parser)
-    _, rest = spexis_parser.parse_known_args(argv)
-    return sglang_prepare_server_args(rest)
+    spexis_args, rest = spexis_parser.parse_known_args(argv)
+    server_args = sglang_prepare_server_args(rest)
+    return server_args, spexis_config_from_args(spexis_args, server_args)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -142,8 +218,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # the default model could not be built
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    server_args = prepare_server_args(argv)
-    logger.info("spexis launch: %s", json.dumps({"cpu": on_cpu, "argv": argv}))
+    try:
+        server_args, spexis_config = prepare_server_args(argv)
+    except LaunchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    spexis_config.to_env()  # inherited by every scheduler process
+    logger.info(
+        "spexis launch: %s",
+        json.dumps({"cpu": on_cpu, "argv": argv, "spexis": spexis_config.__dict__}),
+    )
 
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.utils import kill_process_tree

@@ -4,6 +4,13 @@ SGLang's launcher spawns one scheduler process per (PP rank, TP rank) with
 ``run_scheduler_process_func``; we pass :func:`run_spexis_scheduler_process`, which installs
 our hooks in that fresh process and then runs SGLang's own ``run_scheduler_process``.
 It is a module-level function so that ``spawn`` pickles it by reference.
+
+What is installed (SGLang's own extension points, no patches):
+
+* ``sglang.srt.managers.scheduler.Scheduler`` -> :class:`SpexisScheduler` (``run_scheduler_process``
+  looks the class up at call time);
+* with a draft head configured, the Spexis model classes in SGLang's ``ModelRegistry``
+  (the stage-0 model runs the draft head inside its forward).
 """
 
 from __future__ import annotations
@@ -20,6 +27,16 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    from sglang.srt.managers import scheduler as scheduler_module
+
+    from spexis_sglang.srt.config import get_config
+    from spexis_sglang.srt.sp_scheduler import SpexisScheduler
+
+    scheduler_module.Scheduler = SpexisScheduler
+    if get_config().enabled:
+        from spexis_sglang.srt.draft_model import install_model_classes
+
+        install_model_classes()
     _installed = True
     logger.debug("spexis hooks installed")
 

@@ -1,0 +1,50 @@
+"""Spexis' runtime configuration, handed from the launcher to every scheduler process.
+
+The launcher parses the ``--spexis-*`` flags into :class:`SpexisConfig` and exports it as JSON
+in ``SPEXIS_CONFIG``; spawned scheduler processes inherit the environment and read it back with
+:func:`get_config`. (An environment variable survives ``spawn`` without touching SGLang's
+``ServerArgs``.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+ENV_CONFIG = "SPEXIS_CONFIG"
+# Read by the stage-0 model (draft head location), see srt/draft_model.py.
+ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpexisConfig:
+    """What the ``--spexis-*`` flags decided."""
+
+    #: Artifact directory of the draft head, or ``random:<seed>``; None = plain SGLang.
+    draft_head: Optional[str] = None
+    #: Fraction of drafts dropped each iteration (selective speculation, §5.1).
+    alpha: float = 0.0
+    #: Benchmark-only: verification accepts a draft with this probability (None = real).
+    force_accept: Optional[float] = None
+    #: Seconds between the periodic Spexis statistics log lines (0 = never).
+    log_interval: float = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.draft_head is not None
+
+    def to_env(self) -> None:
+        os.environ[ENV_CONFIG] = json.dumps(dataclasses.asdict(self))
+        if self.draft_head is not None:
+            os.environ[ENV_DRAFT_HEAD] = self.draft_head
+        else:
+            os.environ.pop(ENV_DRAFT_HEAD, None)
+
+
+def get_config() -> SpexisConfig:
+    raw = os.environ.get(ENV_CONFIG)
+    if not raw:
+        return SpexisConfig()
+    return SpexisConfig(**json.loads(raw))

@@ -1,0 +1,569 @@
+"""Speculative parallelism inside SGLang 0.5.17's pipeline-parallel event loop.
+
+``SpexisScheduler`` subclasses SGLang's ``Scheduler``. With a draft head configured and
+``--pp-size >= 2`` it replaces ``event_loop_pp`` with :meth:`SpexisScheduler.event_loop_sp`;
+otherwise it is plain SGLang.
+
+How an iteration differs from stock PP (design.md §2)
+------------------------------------------------------
+Stock PP splits the running requests into N micro-batches, so a request advances one token
+every N iterations. Here every running request may ride every iteration: when a request's
+newest row has just been launched, stage 0's draft head has already produced a draft for the
+next position, and the request's next row is a *speculative* row on that draft. The row's
+true token comes back from the last stage N iterations later, and
+:class:`spexis_sglang.core.sp_state.SPState` (epochs, not flags) decides whether the rows built
+on the draft stand or are stale.
+
+Every PP rank runs this scheduler on mirrored state and builds the same batches:
+
+* requests arrive through SGLang's own relay (stage k forwards what stage k-1 received);
+* prefill admission is SGLang's own (mirrored allocator and radix cache);
+* the decode rows come from ``SPState.next_row``: which rows exist depends only on what was
+  launched and verified, never on a draft's value, so later stages launch speculative rows
+  with a placeholder token (only stage 0 embeds input tokens);
+* the draft each row produced travels down the pipe as extra keys of the proxy dict and comes
+  back with the true token in the output dict, so every rank verifies identically;
+* rank-0-only decisions (the selective-speculation drops) travel in a :class:`SpexisPlan`
+  appended to the request relay, which stage 0 therefore sends after it has scheduled.
+
+KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
+slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
+and the radix cache (``kv_committed_len`` = last valid row's position + 1). A finished request
+keeps its slots until its in-flight rows have drained (``SPState.pop_drained``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
+from sglang.srt.model_executor.forward_batch_info import ForwardMode, PPProxyTensors
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.utils import DynamicGradMode
+
+from spexis_sglang.core.selection import select_drops
+from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
+from spexis_sglang.srt.config import SpexisConfig, get_config
+
+logger = logging.getLogger(__name__)
+
+DRAFT_IDS_KEY = "spexis_draft_ids"
+DRAFT_CONF_KEY = "spexis_draft_conf"
+_PLACEHOLDER_TOKEN = 0
+
+
+@dataclass
+class SpexisPlan:
+    """Stage 0's decisions for one iteration, relayed to the later stages with the requests."""
+
+    iteration: int
+    dropped: List[str] = field(default_factory=list)
+
+
+@dataclass
+class SpexisRow:
+    req: Req
+    position: int
+    epoch: int
+    is_spec: bool
+
+
+@dataclass
+class SpexisStats:
+    """Counters behind the metrics (acceptance, effective batch, row kinds)."""
+
+    iterations: int = 0
+    decode_iterations: int = 0
+    rows_normal: int = 0
+    rows_spec: int = 0
+    rows_stale: int = 0
+    tokens_committed: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    drafts_dropped: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        n = self.accepted + self.rejected
+        return self.accepted / n if n else 0.0
+
+    @property
+    def rows(self) -> int:
+        return self.rows_normal + self.rows_spec
+
+    @property
+    def effective_batch_ratio(self) -> float:
+        """Committed tokens per launched decode row (1.0 = no row wasted)."""
+        return self.tokens_committed / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> Dict[str, float]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["acceptance_rate"] = self.acceptance_rate
+        d["effective_batch_ratio"] = self.effective_batch_ratio
+        d["avg_rows_per_decode_iteration"] = (
+            self.rows / self.decode_iterations if self.decode_iterations else 0.0
+        )
+        d["avg_tokens_per_decode_iteration"] = (
+            self.tokens_committed / self.decode_iterations if self.decode_iterations else 0.0
+        )
+        return d
+
+
+class SpexisScheduler(Scheduler):
+    """SGLang's scheduler with speculative parallelism on PP ranks (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        self.spexis_config: SpexisConfig = get_config()
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def sp_enabled(self) -> bool:
+        return self.spexis_config.enabled and self.ps.pp_size > 1
+
+    def init_tp_model_worker(self):
+        if not self.spexis_config.enabled:
+            return super().init_tp_model_worker()
+        from spexis_sglang.srt.draft_model import spexis_tp_worker_class
+
+        self.tp_worker = spexis_tp_worker_class()(
+            server_args=self.server_args,
+            gpu_id=self.ps.gpu_id,
+            ps=self.ps,
+            nccl_port=self.nccl_port,
+        )
+
+    def get_num_allocatable_reqs(self, running_bs):
+        if not self.sp_enabled:
+            return super().get_num_allocatable_reqs(running_bs)
+        # Under SP every running request is in every iteration: the cap is the server's,
+        # not the per-micro-batch share stock PP uses.
+        res = self.max_running_requests - running_bs
+        return min(res, self.req_to_token_pool.available_size())
+
+    def event_loop_pp(self):
+        if not self.sp_enabled:
+            return super().event_loop_pp()
+        return self.event_loop_sp()
+
+    def init_sp_state(self) -> None:
+        self.init_pp_loop_state()
+        if get_parallel().pp_async_batch_depth != 0:
+            raise ValueError("Spexis needs --pp-async-batch-depth 0")
+        self.sp = SPState()
+        self.sp_stats = SpexisStats()
+        self.sp_running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
+        # Stock abort handling scans running_mbs and mbs for in-flight requests.
+        self.running_mbs = [self.sp_running_batch] * self.pp_loop_size
+        self.sp_rank0 = self.pp_group.is_first_rank
+        self.sp_iteration = 0
+        self.sp_rng_seed = self.server_args.random_seed or 0
+        self.sp_last_log = time.monotonic()
+        self.sp_finished_waiting_drain: Dict[str, Req] = {}
+
+    # ------------------------------------------------------------------ event loop
+    @DynamicGradMode()
+    def event_loop_sp(self):
+        """Stock ``event_loop_pp`` (same communication choreography), SP batches."""
+        self.init_sp_state()
+        while True:
+            server_is_idle = True
+            for mb_id in range(self.pp_loop_size):
+                self.running_batch = self.sp_running_batch
+                next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
+                next_mb_id = (mb_id + 1) % self.pp_loop_size
+
+                recv_reqs = self.request_receiver.recv_requests()
+                plan_in = None
+                if recv_reqs:
+                    plans = [r for r in recv_reqs if isinstance(r, SpexisPlan)]
+                    if plans:
+                        plan_in = plans[-1]
+                        recv_reqs = [r for r in recv_reqs if not isinstance(r, SpexisPlan)]
+                self.process_input_requests(recv_reqs)
+
+                cur_batch, plan_out = self.sp_get_next_batch(plan_in)
+                self.mbs[mb_id] = cur_batch
+                self.cur_batch_for_debug = cur_batch
+
+                # Stage 0 relays the requests *after* scheduling, with its decisions.
+                if not self.pp_group.is_last_rank:
+                    self._pp_commit_comm_work(self.send_req_work)
+                    self.send_req_work = self._pp_send_pyobj_to_next_stage(
+                        list(recv_reqs or []) + [plan_out], async_send=True
+                    )
+
+                if cur_batch:
+                    server_is_idle = False
+                    pp_proxy_tensors = self._pp_recv_proxy_tensors()
+                    if pp_proxy_tensors is not None:
+                        cur_batch.spexis_extras = {
+                            k: v
+                            for k, v in pp_proxy_tensors.tensors.items()
+                            if k.startswith("spexis_")
+                        }
+                self._pp_commit_comm_work(self.send_proxy_work)
+                result = None
+                if cur_batch:
+                    result, self.launch_event = self._pp_launch_batch(
+                        mb_id,
+                        cur_batch,
+                        pp_proxy_tensors,
+                        self.mb_metadata,
+                        self.last_rank_comm_queue,
+                    )
+                    self.sp_after_launch(cur_batch, result)
+
+                next_pp_outputs, next_batch_result, d2h_event = (
+                    self._pp_commit_send_output_work_and_preprocess_output_tensors(
+                        next_first_rank_mb_id, next_mb_id
+                    )
+                )
+                if self.mbs[next_mb_id] is not None:
+                    d2h_event.synchronize()
+                    self.sp_process_result(self.mbs[next_mb_id], next_batch_result, next_pp_outputs)
+                    self.last_mbs[next_mb_id] = self.mbs[next_mb_id]
+
+                if not self.pp_group.is_last_rank and cur_batch:
+                    self.device_module.current_stream().wait_event(self.launch_event)
+                    tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
+                    for k, v in getattr(cur_batch, "spexis_extras", {}).items():
+                        tensors.setdefault(k, v)
+                    self.send_proxy_work = self._pp_send_dict_to_next_stage(
+                        tensors, async_send=True, msg_type="proxy"
+                    )
+                self.pp_outputs = next_pp_outputs
+                self.sp_release_drained()
+                self.sp_iteration += 1
+
+            if server_is_idle:
+                self.on_idle()
+            self.sp_maybe_log()
+
+    def _pp_prepare_tensor_dict(self, result, batch):
+        tensor_dict = super()._pp_prepare_tensor_dict(result, batch)
+        # The last rank sends each row's draft back with its true token.
+        for k, v in getattr(batch, "spexis_extras", {}).items():
+            tensor_dict[k] = v
+        return tensor_dict
+
+    # ------------------------------------------------------------------ scheduling
+    def sp_get_next_batch(
+        self, plan_in: Optional[SpexisPlan]
+    ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
+        plan_out = SpexisPlan(iteration=self.sp_iteration)
+        self.process_pending_chunked_abort()
+        self._abort_on_waiting_timeout()
+        if self.chunked_req is not None:
+            if self.chunked_req.extend_range.end > len(self.chunked_req.prefix_indices):
+                self.stash_chunked_request(self.chunked_req)
+
+        self.sp_running_batch.reqs = [r for r in self.sp_running_batch.reqs if r.rid in self.sp]
+        prefill = self.get_new_batch_prefill(self.sp_running_batch).batch_to_run
+        if prefill is not None:
+            prefill.spexis_kind = "prefill"
+            return prefill, plan_out
+        batch = self.sp_build_decode_batch(plan_in, plan_out)
+        return batch, plan_out
+
+    def _useful_position(self, req: Req, position: int) -> bool:
+        """A row at ``position`` can still produce a token the request may emit."""
+        produced = position + 1 - len(req.origin_input_ids)
+        if produced >= req.sampling_params.max_new_tokens:
+            return False
+        return position + 1 < self.req_to_token_pool.req_to_token.shape[1]
+
+    def sp_build_decode_batch(
+        self, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
+    ) -> Optional[ScheduleBatch]:
+        reqs = self.sp_running_batch.reqs
+        if not reqs:
+            return None
+        plans: List[Tuple[Req, RowPlan]] = []
+        for req in reqs:
+            if req.finished():
+                continue
+            row = self.sp.next_row(req.rid)
+            if row is None:
+                continue
+            if row.is_spec and not self._useful_position(req, row.position):
+                self.sp.drop_draft(req.rid)
+                continue
+            plans.append((req, row))
+
+        plans = self.sp_apply_selection(plans, plan_in, plan_out)
+        plans = self.sp_fit_memory(plans)
+        if not plans:
+            return None
+
+        allocator = self.token_to_kv_pool_allocator
+        req_to_token = self.req_to_token_pool.req_to_token
+        new_rows = [
+            i for i, (req, row) in enumerate(plans) if row.position >= req.kv.kv_allocated_len
+        ]
+        new_slots = allocator.alloc(len(new_rows)) if new_rows else None
+        if new_rows and new_slots is None:
+            raise RuntimeError("Spexis: KV allocation failed after the memory check")
+        for j, i in enumerate(new_rows):
+            req, row = plans[i]
+            req_to_token[req.req_pool_idx, row.position] = new_slots[j]
+            req.kv.kv_allocated_len = row.position + 1
+
+        rows: List[SpexisRow] = []
+        tokens, positions, pool_idx = [], [], []
+        for req, row in plans:
+            epoch = self.sp.on_launch(req.rid, row.position, row.token, row.is_spec, row.confidence)
+            rows.append(SpexisRow(req, row.position, epoch, row.is_spec))
+            tokens.append(row.token)
+            positions.append(row.position)
+            pool_idx.append(req.req_pool_idx)
+            if row.is_spec:
+                self.sp_stats.rows_spec += 1
+            else:
+                self.sp_stats.rows_normal += 1
+        self.sp_stats.decode_iterations += 1
+
+        batch = ScheduleBatch.init_new(
+            [r.req for r in rows],
+            self.req_to_token_pool,
+            self.token_to_kv_pool_allocator,
+            self.tree_cache,
+            self.model_config,
+            False,
+            self.spec_algorithm,
+        )
+        device = self.req_to_token_pool.device
+        batch.forward_mode = ForwardMode.DECODE
+        batch.return_logprob = False
+        batch.input_ids = torch.tensor(tokens, dtype=torch.int64, device=device)
+        pool_idx_cpu = torch.tensor(pool_idx, dtype=torch.int64)
+        batch.req_pool_indices_cpu = pool_idx_cpu
+        batch.req_pool_indices = pool_idx_cpu.to(device, non_blocking=True)
+        seq_lens_cpu = torch.tensor(positions, dtype=torch.int64) + 1
+        batch.seq_lens_cpu = seq_lens_cpu
+        batch.seq_lens = seq_lens_cpu.to(device, non_blocking=True)
+        batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
+        batch.seq_lens_sum = int(seq_lens_cpu.sum())
+        batch.out_cache_loc = req_to_token[batch.req_pool_indices, seq_lens_cpu.to(device) - 1].to(
+            torch.int64
+        )
+        batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
+            batch, self.model_config.vocab_size
+        )
+        batch.spexis_kind = "decode"
+        batch.spexis_rows = rows
+        return batch
+
+    def sp_apply_selection(
+        self,
+        plans: List[Tuple[Req, RowPlan]],
+        plan_in: Optional[SpexisPlan],
+        plan_out: SpexisPlan,
+    ) -> List[Tuple[Req, RowPlan]]:
+        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1)."""
+        if self.sp_rank0:
+            alpha = self.spexis_config.alpha
+            spec = [i for i, (_, row) in enumerate(plans) if row.is_spec]
+            if alpha <= 0 or not spec:
+                return plans
+            conf = [self.sp.candidate_confidence(plans[i][0].rid) for i in spec]
+            drop_idx = select_drops(conf, alpha)
+            dropped = {plans[spec[i]][0].rid for i in drop_idx}
+        else:
+            dropped = set(plan_in.dropped) if plan_in is not None else set()
+        if not dropped:
+            return plans
+        plan_out.dropped = sorted(dropped)
+        kept = []
+        for req, row in plans:
+            if req.rid in dropped:
+                self.sp.drop_draft(req.rid)
+                self.sp_stats.drafts_dropped += 1
+            else:
+                kept.append((req, row))
+        return kept
+
+    def sp_fit_memory(self, plans: List[Tuple[Req, RowPlan]]) -> List[Tuple[Req, RowPlan]]:
+        """Make room for the rows that need a new KV slot; speculation gives way first."""
+        need = sum(1 for req, row in plans if row.position >= req.kv.kv_allocated_len)
+        if need == 0:
+            return plans
+        evict_from_tree_cache(self.tree_cache, need)
+        avail = self.token_to_kv_pool_allocator.available_size()
+        if avail >= need:
+            return plans
+        kept = []
+        for req, row in plans:
+            needs_slot = row.position >= req.kv.kv_allocated_len
+            if needs_slot and row.is_spec:
+                self.sp.drop_draft(req.rid)
+                continue
+            kept.append((req, row))
+        need = sum(1 for req, row in kept if row.position >= req.kv.kv_allocated_len)
+        if avail >= need:
+            return kept
+        # Not even the verified rows fit: retract requests (latest first) until they do.
+        kept = self.sp_retract(kept, need - avail)
+        return kept
+
+    def sp_retract(
+        self, plans: List[Tuple[Req, RowPlan]], shortfall: int
+    ) -> List[Tuple[Req, RowPlan]]:
+        order = sorted(
+            range(len(plans)),
+            key=lambda i: (len(plans[i][0].output_ids), -len(plans[i][0].origin_input_ids)),
+        )
+        retracted = set()
+        while shortfall > 0 and len(order) > 1:
+            i = order.pop()
+            req = plans[i][0]
+            retracted.add(req.rid)
+            shortfall -= 1 + max(0, req.kv.kv_allocated_len - req.kv_committed_len)
+            shortfall -= req.kv_committed_len  # freed once its rows have drained
+            req.spexis_retracted = True
+            self.sp.remove(req.rid)
+            logger.info("Spexis: KV cache pool is full, retracting request %s", req.rid)
+        return [(r, row) for r, row in plans if r.rid not in retracted]
+
+    # ------------------------------------------------------------------ launch and results
+    def sp_after_launch(self, batch: ScheduleBatch, result) -> None:
+        """Record the drafts stage 0 just made (placeholders on the other stages)."""
+        self.sp_stats.iterations += 1
+        if getattr(batch, "spexis_kind", None) != "decode":
+            return
+        rows: List[SpexisRow] = batch.spexis_rows
+        if self.sp_rank0:
+            tensors = result.pp_hidden_states_proxy_tensors.tensors
+            draft_ids = tensors[DRAFT_IDS_KEY].tolist()
+            draft_conf = tensors[DRAFT_CONF_KEY].tolist()
+        else:
+            draft_ids = [_PLACEHOLDER_TOKEN] * len(rows)
+            draft_conf = [1.0] * len(rows)
+        for row, tok, conf in zip(rows, draft_ids, draft_conf):
+            self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(conf))
+
+    def _forced_accept(self, rid: str, position: int, epoch: int) -> bool:
+        theta = self.spexis_config.force_accept
+        return random.Random(f"{self.sp_rng_seed}:{rid}:{position}:{epoch}").random() < theta
+
+    def sp_process_result(self, batch: ScheduleBatch, result, pp_outputs: PPProxyTensors):
+        if getattr(batch, "spexis_kind", None) != "decode":
+            self.process_batch_result(batch, result)
+            self.sp_admit_prefilled(batch)
+            return
+        rows: List[SpexisRow] = batch.spexis_rows
+        true_ids = pp_outputs["next_token_ids"].tolist()
+        draft_ids = pp_outputs[DRAFT_IDS_KEY].tolist()
+        touched: List[Req] = []
+        force = self.spexis_config.force_accept is not None
+        for row, y, d in zip(rows, true_ids, draft_ids):
+            req = row.req
+            if force and req.rid in self.sp and self.sp.num_unverified(req.rid) > 0:
+                # Benchmark-only: pretend the target agreed with the draft w.p. theta.
+                if self._forced_accept(req.rid, row.position, row.epoch):
+                    y = d
+                elif y == d:
+                    y = (d + 1) % self.model_config.vocab_size
+            outcome = self.sp.on_result(req.rid, row.position, row.epoch, y, launched_draft=d)
+            if outcome is Outcome.STALE:
+                self.sp_stats.rows_stale += 1
+                continue
+            if outcome is Outcome.ACCEPTED:
+                self.sp_stats.accepted += 1
+            elif outcome is Outcome.REJECTED:
+                self.sp_stats.rejected += 1
+            self.sp_stats.tokens_committed += 1
+            req.kv_committed_len = row.position + 1
+            req.output_ids.append(int(y))
+            req.time_stats.set_last_decode_finish_time()
+            req.update_finish_state(1)
+            if req.finished():
+                self.sp.remove(req.rid)
+                self.sp_finished_waiting_drain[req.rid] = req
+                self.sp_running_batch.batch_is_full = False
+            touched.append(req)
+        if touched:
+            self.output_streamer.stream_output(touched, False)
+        self.metrics_reporter.num_generated_tokens += len(touched)
+
+    def sp_admit_prefilled(self, batch: ScheduleBatch) -> None:
+        """Requests whose prefill result is in start decoding under SP."""
+        for req in batch.reqs:
+            if req.finished() or req.is_retracted or req.inflight_middle_chunks > 0:
+                continue
+            if req is self.chunked_req or req.rid in self.sp or not req.output_ids:
+                continue
+            if self.sp.is_draining(req.rid):
+                continue
+            verified = len(req.origin_input_ids) + len(req.output_ids)
+            self.sp.add(req.rid, verified, int(req.output_ids[-1]))
+            self.sp_running_batch.reqs.append(req)
+
+    def sp_release_drained(self) -> None:
+        """Free the KV of finished / retracted requests whose in-flight rows have all returned."""
+        for rid in self.sp.pop_drained():
+            req = self.sp_finished_waiting_drain.pop(rid, None)
+            retracted = req is None
+            if retracted:
+                req = next((r for r in self.sp_running_batch.reqs if r.rid == rid), None)
+                if req is None:
+                    continue
+            self._sp_free_unverified_slots(req)
+            if retracted:
+                self.sp_running_batch.reqs = [r for r in self.sp_running_batch.reqs if r is not req]
+                release_kv_cache(req, self.tree_cache, is_insert=False)
+                req.reset_for_retract()
+                self._add_request_to_queue(req, is_retracted=True)
+            else:
+                release_kv_cache(req, self.tree_cache)
+                req.time_stats.set_completion_time()
+            self.sp_running_batch.batch_is_full = False
+
+    def _sp_free_unverified_slots(self, req: Req) -> None:
+        if req.kv is None or req.req_pool_idx is None:
+            return
+        start, end = req.kv_committed_len, req.kv.kv_allocated_len
+        if end > start:
+            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+            self.token_to_kv_pool_allocator.free(slots.to(torch.int64))
+            req.kv.kv_allocated_len = start
+
+    # ------------------------------------------------------------------ observability
+    def sp_maybe_log(self) -> None:
+        interval = self.spexis_config.log_interval
+        if interval <= 0 or not self.sp_rank0:
+            return
+        now = time.monotonic()
+        if now - self.sp_last_log < interval or self.sp_stats.decode_iterations == 0:
+            return
+        self.sp_last_log = now
+        s = self.sp_stats.as_dict()
+        logger.info(
+            "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
+            "normal %d, spec %d, stale %d, dropped %d",
+            s["acceptance_rate"],
+            s["effective_batch_ratio"],
+            s["avg_rows_per_decode_iteration"],
+            s["avg_tokens_per_decode_iteration"],
+            s["rows_normal"],
+            s["rows_spec"],
+            s["rows_stale"],
+            s["drafts_dropped"],
+        )
+
+    def get_internal_state(self, recv_req):
+        ret = super().get_internal_state(recv_req)
+        if self.sp_enabled and hasattr(self, "sp_stats"):
+            try:
+                ret.internal_state["spexis"] = self.sp_stats.as_dict()
+            except AttributeError:
+                pass
+        return ret
