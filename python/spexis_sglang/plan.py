@@ -42,12 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="SP_alpha model: Eq. 3-4 as printed (paper) or the exact steady state (exact). "
         "Default: %(default)s",
     )
-    p.add_argument(
-        "--top", type=int, default=0, help="show only the best N rows (0 = all)"
-    )
-    p.add_argument(
-        "--json", metavar="OUT", help="also write the ranked rows to this JSON file"
-    )
+    p.add_argument("--top", type=int, default=0, help="show only the best N rows (0 = all)")
+    p.add_argument("--json", metavar="OUT", help="also write the ranked rows to this JSON file")
     return p
 
 
@@ -60,9 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = rank_configurations(profile, alpha_model=args.alpha_model)
     shown = rows[: args.top] if args.top > 0 else rows
-    print(
-        f"profile: {profile.name} ({profile.num_gpus} GPUs), alpha model: {args.alpha_model}"
-    )
+    print(f"profile: {profile.name} ({profile.num_gpus} GPUs), alpha model: {args.alpha_model}")
     print(format_table(shown))
     if any(r.extrapolated for r in shown):
         print("* latency extrapolated beyond the largest profiled batch")

@@ -14,7 +14,13 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
 * :mod:`.simulation` — brute-force simulations that check all of the above.
 """
 
-from .admission import AdmissionDecision, AdmissionPlanner, EvictionForecast, gain
+from .admission import (
+    AdmissionDecision,
+    AdmissionPlan,
+    AdmissionPlanner,
+    EvictionForecast,
+    gain,
+)
 from .cost_model import (
     LatencyTable,
     b_alpha_star,
@@ -52,6 +58,7 @@ from .sp_state import Outcome, RowPlan, SPProtocolError, SPState, SPStats
 
 __all__ = [
     "AdmissionDecision",
+    "AdmissionPlan",
     "AdmissionPlanner",
     "AlphaChoice",
     "DEFAULT_THRESHOLDS",

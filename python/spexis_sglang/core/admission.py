@@ -45,7 +45,7 @@ from .lookahead import LookaheadModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["gain", "AdmissionDecision", "EvictionForecast", "AdmissionPlanner"]
+__all__ = ["gain", "AdmissionDecision", "AdmissionPlan", "EvictionForecast", "AdmissionPlanner"]
 
 
 def gain(
@@ -76,6 +76,11 @@ def gain(
         raise ValueError(f"pdr must be > 0, got {pdr}")
     if running < 0 or i_delay < 0 or any(w < 0 for w in i_waits):
         raise ValueError("running, i_delay and i_waits must be >= 0")
+    if sum(i_waits) > running * period:
+        raise ValueError(
+            f"sum(i_waits) = {sum(i_waits)} exceeds running * period = {running * period}: "
+            "evicted requests are running requests, each out at most the whole period"
+        )
     n = len(i_waits)
     n_rec = n if n_recompute is None else int(n_recompute)
     base = (running + 1) * period - finished_iters
@@ -84,8 +89,6 @@ def gain(
     wait = min(float(i_delay), float(period))
     tok_delay = base - wait
     t_delay = period + ((pdr - 1.0) if i_delay < period else 0.0)
-    if tok_aggr <= 0:
-        return float("inf")
     return (tok_delay / t_delay) / (tok_aggr / t_aggr)
 
 
@@ -103,7 +106,7 @@ class EvictionForecast:
     unresolvable: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AdmissionDecision:
     """Decision for one waiting request (``index`` into the waiting list)."""
 
@@ -117,13 +120,97 @@ class AdmissionDecision:
     #: expected evictions if admitted now (0 when it fits)
     evictions: int = 0
     #: "fits" (no eviction expected) | "gain" (trade-off decided by G) | "fcfs" (queued
-    #: behind a delayed request)
+    #: behind a delayed request, or beyond the horizon)
     reason: str = "fits"
     #: the eviction-free alternative: first iteration (from now) at which admission would
     #: evict nobody, None if there is none within the horizon; equals ``delay_iters``
     #: unless the request is admitted now despite expected evictions
     eviction_free_delay: int | None = 0
     forecast: EvictionForecast | None = field(default=None, compare=False, repr=False)
+
+
+_FITS, _GAIN, _FCFS = 0, 1, 2
+_REASONS = ("fits", "gain", "fcfs")
+
+
+@dataclass
+class AdmissionPlan:
+    """Admission decisions for a queue, as arrays (index = position in the queue).
+
+    ``admit_now`` is what the scheduler acts on; with FCFS the admitted requests always form
+    a prefix of the queue, so ``num_admit_now`` requests are admitted from the head.
+    Indexing or iterating gives :class:`AdmissionDecision` objects.
+    """
+
+    #: admit this request now
+    admit_now: np.ndarray
+    #: when to admit: 0 = now, k = in k iterations, -1 = not within the horizon
+    delay_iters: np.ndarray
+    #: first iteration (from now) at which admission evicts nobody, -1 = none in horizon
+    eviction_free_delay: np.ndarray
+    #: G where the aggr-vs-delay trade-off was evaluated, NaN elsewhere
+    gain: np.ndarray
+    #: expected evictions if admitted now (where evaluated)
+    evictions: np.ndarray
+    #: 0 = fits, 1 = gain, 2 = fcfs (see ``reason``)
+    reason_code: np.ndarray
+    #: eviction forecasts by queue index, where evaluated
+    forecasts: dict[int, EvictionForecast] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, n: int) -> AdmissionPlan:
+        return cls(
+            admit_now=np.zeros(n, dtype=bool),
+            delay_iters=np.full(n, -1, dtype=np.int64),
+            eviction_free_delay=np.full(n, -1, dtype=np.int64),
+            gain=np.full(n, np.nan),
+            evictions=np.zeros(n, dtype=np.int64),
+            reason_code=np.full(n, _FCFS, dtype=np.int8),
+        )
+
+    def _fits(self, start: int, stop: int) -> None:
+        self.admit_now[start:stop] = True
+        self.delay_iters[start:stop] = 0
+        self.eviction_free_delay[start:stop] = 0
+        self.reason_code[start:stop] = _FITS
+
+    def _gain(self, j: int, admit: bool, free: int | None, g: float, fc: EvictionForecast) -> None:
+        self.admit_now[j] = admit
+        self.delay_iters[j] = 0 if admit else (-1 if free is None else free)
+        self.eviction_free_delay[j] = -1 if free is None else free
+        self.gain[j] = g
+        self.evictions[j] = len(fc.evictions)
+        self.reason_code[j] = _GAIN
+        self.forecasts[j] = fc
+
+    @property
+    def num_admit_now(self) -> int:
+        return int(np.count_nonzero(self.admit_now))
+
+    def __len__(self) -> int:
+        return int(self.admit_now.size)
+
+    def __getitem__(self, k: int) -> AdmissionDecision:
+        n = len(self)
+        if not -n <= k < n:
+            raise IndexError(k)
+        k %= n
+        d = int(self.delay_iters[k])
+        f = int(self.eviction_free_delay[k])
+        g = float(self.gain[k])
+        return AdmissionDecision(
+            index=k,
+            admit_now=bool(self.admit_now[k]),
+            delay_iters=None if d < 0 else d,
+            gain=None if np.isnan(g) else g,
+            evictions=int(self.evictions[k]),
+            reason=_REASONS[int(self.reason_code[k])],
+            eviction_free_delay=None if f < 0 else f,
+            forecast=self.forecasts.get(k),
+        )
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
 
 
 class AdmissionPlanner:
@@ -163,6 +250,9 @@ class AdmissionPlanner:
         self._new_growth[0] = 0.0
         self._window = min(self.period, h)
         self._h = h
+        self._eg1 = float(eg[1])
+        self._growth = model.growth_matrix
+        self._count_cache = np.arange(1, 129, dtype=float)[:, None]
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -174,15 +264,31 @@ class AdmissionPlanner:
         return np.lexsort((idx, -lengths, -bucket_rows))
 
     def _delay_slot(self, slack: np.ndarray, prompt: float, d_min: int) -> int | None:
-        """Earliest admission iteration d >= d_min (1 = now) that keeps the projection within
-        capacity for the rest of the horizon, or None."""
+        """Earliest admission iteration d >= d_min (1 = now) such that a request holding
+        ``prompt + E[G_{i-d+1}]`` tokens at iterations ``i = d .. H`` fits in ``slack[i-1]``
+        (the capacity left by everything else), or None.
+
+        A request admitted at d holds at least ``prompt + E[G_1]`` from d on, so d cannot
+        precede the first iteration from which the suffix minimum of the slack allows that;
+        candidates are then checked in small windows, O(8 H) each.
+        """
         h = self._h
         if d_min > h:
             return None
-        g = self.model.growth_matrix[d_min - 1 :]
-        room = np.min(slack[None, :] - g, axis=1)
-        ok = np.flatnonzero(room >= prompt)
-        return int(ok[0]) + d_min if ok.size else None
+        suffix_min = np.minimum.accumulate(slack[::-1])[::-1]
+        cand = (suffix_min[d_min - 1 :] >= prompt + self._eg1).nonzero()[0]
+        if cand.size == 0:
+            return None
+        d0 = d_min + int(cand[0])
+        growth = self._growth
+        while d0 <= h:
+            d1 = min(h, d0 + 7)
+            room = (slack[None, :] - growth[d0 - 1 : d1]).min(axis=1)
+            ok = (room >= prompt).nonzero()[0]
+            if ok.size:
+                return d0 + int(ok[0])
+            d0 = d1 + 1
+        return None
 
     def forecast_aggr(
         self,
@@ -195,61 +301,90 @@ class AdmissionPlanner:
         """Play the expected trajectory forward with the request admitted now.
 
         ``base`` is the expected demand (H+1 values, index = iterations from now) of running
-        requests plus earlier admissions, without this request.
+        requests plus earlier admissions, without this request. Iteration ``i`` runs as a
+        scheduler would: if the demand exceeds capacity, evict running requests in
+        ``victim_order`` until it fits; then recompute evicted requests, first evicted
+        first, while they fit. Requests keep their progress while evicted.
+
+        The forecast jumps from event to event (an overflow or a possible recompute) with
+        vector operations over the remaining iterations, so its cost grows with the number
+        of evictions rather than with the horizon.
         """
         cap = self.capacity
+        w = self._window
         model = self.model
         others = base + prompt + self._new_growth
+        adj = np.zeros_like(others)  # change to `others` from evicted / shifted victims
+        order = victim_order
+        nxt = 0  # victims order[:nxt] have been touched
         traj: dict[int, np.ndarray] = {}
-        clock: dict[int, int] = {}
-        out: dict[int, int] = {}  # victim -> iteration evicted (currently out)
+        pos: dict[int, int] = {}  # touched victim -> position in victim_order
+        lag: dict[int, int] = {}  # running touched victim -> iterations spent out so far
+        out_at: dict[int, int] = {}  # evicted victim -> iteration of eviction
+        out_clock: dict[int, int] = {}  # evicted victim -> iterations it had run
+        finished: set[int] = set()
         queue: list[int] = []
         events: list[tuple[int, int]] = []
         waits: list[int] = []
         recomputes = 0
         unresolvable = False
-        order = victim_order.tolist()
-        for i in range(1, self._window + 1):
-            demand = float(others[i])
-            for v, tr in traj.items():
-                demand -= tr[i]
-                if v not in out:
-                    demand += tr[clock[v] + 1]
-            if demand > cap:
-                for v in order:
-                    if v in out:
-                        continue
-                    if v not in traj:
-                        traj[v] = model.trajectory_of_row(lengths[v], int(bucket_rows[v]))
-                        clock[v] = i - 1
-                    need = traj[v][clock[v] + 1]
-                    if need <= 0.0:
-                        continue
-                    out[v] = i
-                    queue.append(v)
-                    events.append((v, i))
-                    demand -= need
-                    if demand <= cap:
-                        break
+        i = 1
+        while i <= w:
+            demand_v = others[i : w + 1] + adj[i : w + 1]
+            over = (demand_v > cap).nonzero()[0]
+            j = i + int(over[0]) if over.size else w + 1
+            if queue:
+                head = queue[0]
+                need = traj[head][out_clock[head] + 1]
+                start = max(i, out_at[head] + 1)
+                if start < j:
+                    ok = (demand_v[start - i : j - i] + need <= cap).nonzero()[0]
+                    if ok.size:
+                        j = start + int(ok[0])
+            if j > w:
+                break
+            i = j
+            demand = float(others[i] + adj[i])
+            while demand > cap:  # evict in victim order
+                running = [v for v in lag if v not in out_at]
+                if running:
+                    v = min(running, key=pos.__getitem__)
+                elif nxt < order.size:
+                    v = int(order[nxt])
+                    nxt += 1
+                    traj[v] = model.trajectory_of_row(lengths[v], int(bucket_rows[v]))
+                    pos[v] = nxt - 1
+                    lag[v] = 0
                 else:
-                    unresolvable = demand > cap
-            still: list[int] = []
-            for v in queue:
-                need = traj[v][clock[v] + 1]
-                if not still and out[v] < i and demand + need <= cap:
-                    waits.append(i - out.pop(v))
-                    recomputes += 1
-                    demand += need
-                else:
-                    still.append(v)
-            queue = still
-            for v in traj:
-                if v not in out:
-                    clock[v] += 1
+                    unresolvable = True
+                    break
+                need = traj[v][i - lag[v]]
+                if need <= 0.0:  # finished: can never free anything again
+                    finished.add(v)
+                    del lag[v]
+                    continue
+                adj[i:] -= traj[v][i - lag[v] : traj[v].size - lag[v]]
+                out_at[v] = i
+                out_clock[v] = i - 1 - lag[v]
+                queue.append(v)
+                events.append((v, i))
+                demand -= need
             if unresolvable:
                 break
+            while queue:  # recompute, first evicted first
+                v = queue[0]
+                need = traj[v][out_clock[v] + 1]
+                if out_at[v] >= i or demand + need > cap:
+                    break
+                queue.pop(0)
+                waits.append(i - out_at.pop(v))
+                recomputes += 1
+                demand += need
+                lag[v] = i - (out_clock.pop(v) + 1)
+                adj[i:] += traj[v][i - lag[v] : traj[v].size - lag[v]]
+            i += 1
         for v in queue:
-            waits.append(self._window + 1 - out[v])
+            waits.append(w + 1 - out_at[v])
         return EvictionForecast(tuple(events), tuple(waits), recomputes, unresolvable)
 
     # ------------------------------------------------------------------ decision
@@ -259,8 +394,18 @@ class AdmissionPlanner:
         buckets: Sequence[int | None] | np.ndarray,
         waiting_tokens: Sequence[float] | np.ndarray,
         victim_order: Sequence[int] | np.ndarray | None = None,
-    ) -> list[AdmissionDecision]:
+    ) -> AdmissionPlan:
         """Decide admission for each waiting request (in the given, FCFS order).
+
+        1. The longest prefix of the queue that fits with no expected eviction is admitted
+           now (``reason="fits"``), all at once.
+        2. For the next request the eviction forecast of admitting it now (aggr) and its
+           first eviction-free iteration (delay) give ``G``; ``G <= 1`` admits it now and
+           step 2 repeats for the next one, ``G > 1`` delays it (``reason="gain"``).
+        3. Behind a delayed request (FCFS) every request gets its own first eviction-free
+           iteration, no earlier than its predecessor's, with the earlier ones' expected
+           memory reserved (``reason="fcfs"``); requests that share a slot are placed
+           together. With ``fcfs=False`` each later request goes through step 2 instead.
 
         Args:
             lengths: KV tokens held by each running request (verified + in-flight).
@@ -271,62 +416,90 @@ class AdmissionPlanner:
                 them (SGLang's retraction order); default :meth:`default_victim_order`.
 
         Returns:
-            One :class:`AdmissionDecision` per waiting request.
+            An :class:`AdmissionPlan` (arrays over the queue; iterate or index it for
+            per-request :class:`AdmissionDecision` objects).
         """
+        model = self.model
         ln = np.asarray(lengths, dtype=float)
-        rows = self.model.bucket_index(buckets)
+        rows = model.bucket_index(buckets)
         wt = np.asarray(waiting_tokens, dtype=float)
-        if wt.ndim != 1 or (wt.size and (wt.min() < 0 or not np.all(np.isfinite(wt)))):
+        if wt.ndim != 1 or (wt.size and (wt.min() < 0 or not np.isfinite(wt.sum()))):
             raise ValueError("waiting_tokens must be a 1-D array of finite values >= 0")
-        decisions: list[AdmissionDecision] = []
-        if wt.size == 0:
-            return decisions
-        full = self.model.project_full(ln, buckets)
+        n_wait = wt.size
+        plan = AdmissionPlan.empty(n_wait)
+        if n_wait == 0:
+            return plan
+        full = model.project_rows(ln, rows)
         cap = self.capacity
         eg = self._new_growth
         # 1. FCFS prefix that fits now with no eviction, all at once.
         cum = np.cumsum(wt)
-        need = full[None, 1:] + cum[:, None] + np.arange(1, wt.size + 1)[:, None] * eg[None, 1:]
-        fits = np.max(need, axis=1) <= cap
-        j_star = int(np.argmin(fits)) if not fits.all() else wt.size
-        for j in range(j_star):
-            decisions.append(AdmissionDecision(j, True, 0))
-        if j_star == wt.size:
-            return decisions
-        reserved = full + (cum[j_star - 1] if j_star else 0.0) + j_star * eg
-        fin = None
-        order = None
-        d_min = 1
-        delayed = False
-        for j in range(j_star, wt.size):
+        need = full[None, 1:] + cum[:, None] + self._counts(n_wait) * eg[None, 1:]
+        fits = need.max(axis=1) <= cap
+        j = n_wait if fits.all() else int(fits.argmin())
+        plan._fits(0, j)
+        if j == n_wait:
+            return plan
+        slack = cap - (full + (cum[j - 1] if j else 0.0) + j * eg)  # index: iterations
+        # 2. Aggr vs delay, by the gain G.
+        order = (
+            self.default_victim_order(ln, rows)
+            if victim_order is None
+            else np.asarray(victim_order, dtype=np.int64)
+        )
+        fin_iters = self._finished_iters(model.expected_finished_rows(rows))
+        j, slack, d_min = self._tradeoff(plan, j, slack, wt, ln, rows, order, fin_iters)
+        if j >= n_wait:
+            return plan
+        # 3. FCFS queue behind a delayed request: the head's first eviction-free slot,
+        # then every following request that fits there as well takes the same slot.
+        csum_all = np.concatenate(([0.0], cum))
+        block = min(16, n_wait - j)
+        grow = self._counts(block) * model.expected_generated[None, 1:]  # c * E[G_k]
+        while j < n_wait:
+            d = self._delay_slot(slack[1:], float(wt[j]), d_min)
+            if d is None:
+                break  # the rest stays "not within the horizon"
+            lag = self._h - d + 1
+            k_n = min(block, n_wait - j)
+            # excess[c-1, :]: requests j .. j+c-1 admitted together at d, iterations d..H
+            excess = (csum_all[j + 1 : j + k_n + 1] - csum_all[j])[:, None] + grow[:k_n, :lag]
+            bad = ((excess - slack[None, d:]).max(axis=1) > 0.0).nonzero()[0]
+            m = int(bad[0]) if bad.size else k_n  # bad[0] >= 1: request j alone fits at d
+            plan.delay_iters[j : j + m] = d - 1
+            plan.eviction_free_delay[j : j + m] = d - 1
+            slack[d:] -= excess[m - 1]
+            d_min = d
+            j += m
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("admission: %d waiting, %d admitted now", n_wait, plan.num_admit_now)
+        return plan
+
+    def _tradeoff(
+        self,
+        plan: AdmissionPlan,
+        j: int,
+        slack: np.ndarray,
+        wt: np.ndarray,
+        ln: np.ndarray,
+        rows: np.ndarray,
+        order: np.ndarray,
+        fin_iters: float,
+    ) -> tuple[int, np.ndarray, int]:
+        """Step 2 of :meth:`decide` from request ``j``; returns (next j, slack, d_min)."""
+        eg = self._new_growth
+        cap = self.capacity
+        n_wait = wt.size
+        while j < n_wait:
             prompt = float(wt[j])
-            slack = cap - reserved[1:]
-            d = self._delay_slot(slack, prompt, d_min)
-            free = None if d is None else d - 1
+            d = self._delay_slot(slack[1:], prompt, 1)
             if d == 1:
-                decisions.append(AdmissionDecision(j, True, 0))
-                reserved = reserved + prompt + eg
+                plan._fits(j, j + 1)
+                slack = slack - prompt - eg
+                j += 1
                 continue
-            if delayed and self.fcfs:
-                # Queued behind a delayed request: its slot, no trade-off of its own.
-                decisions.append(
-                    AdmissionDecision(j, False, free, reason="fcfs", eviction_free_delay=free)
-                )
-                if d is None:
-                    decisions.extend(self._beyond_horizon(j + 1, wt.size))
-                    break
-                reserved = self._reserve(reserved, prompt, d)
-                d_min = d
-                continue
-            # 2. Trade-off: admit now with evictions (aggr) vs at d (delay).
-            if order is None:
-                order = (
-                    self.default_victim_order(ln, rows)
-                    if victim_order is None
-                    else np.asarray(victim_order, dtype=np.int64)
-                )
-                fin = self.model.expected_finished(buckets)
-            fc = self.forecast_aggr(reserved, prompt, ln, rows, order)
+            fc = self.forecast_aggr(cap - slack, prompt, ln, rows, order)
+            free = self._h if d is None else d - 1
             g = (
                 float("inf")
                 if fc.unresolvable
@@ -334,52 +507,31 @@ class AdmissionPlanner:
                     self.period,
                     ln.size,
                     self.pdr,
-                    free if free is not None else self._h,
+                    free,
                     fc.waits,
                     n_recompute=fc.recomputes,
-                    finished_iters=self._finished_iters(fin),
+                    finished_iters=fin_iters,
                 )
             )
             admit = g <= 1.0
-            decisions.append(
-                AdmissionDecision(
-                    index=j,
-                    admit_now=admit,
-                    delay_iters=0 if admit else free,
-                    gain=g,
-                    evictions=len(fc.waits),
-                    reason="gain",
-                    eviction_free_delay=free,
-                    forecast=fc,
-                )
-            )
+            plan._gain(j, admit, None if d is None else d - 1, g, fc)
+            j += 1
             if admit:
-                reserved = reserved + prompt + eg
+                slack = slack - prompt - eg
                 continue
-            delayed = True
             if d is None:
-                decisions.extend(self._beyond_horizon(j + 1, wt.size))
-                break
-            reserved = self._reserve(reserved, prompt, d)
-            d_min = d if self.fcfs else 1
-        logger.debug(
-            "admission: %d waiting, %d admitted now",
-            wt.size,
-            sum(d.admit_now for d in decisions),
-        )
-        return decisions
+                return n_wait, slack, self._h + 1
+            slack = slack.copy()
+            slack[d:] -= prompt + self.model.expected_generated[1 : self._h - d + 2]
+            if self.fcfs:
+                return j, slack, d
+        return j, slack, 1
 
-    @staticmethod
-    def _beyond_horizon(first: int, stop: int) -> list[AdmissionDecision]:
-        return [
-            AdmissionDecision(k, False, None, reason="fcfs", eviction_free_delay=None)
-            for k in range(first, stop)
-        ]
-
-    def _reserve(self, reserved: np.ndarray, prompt: float, d: int) -> np.ndarray:
-        out = reserved.copy()
-        out[d:] += prompt + self.model.expected_generated[1 : self._h - d + 2]
-        return out
+    def _counts(self, n: int) -> np.ndarray:
+        """Column vector 1 .. n (cached)."""
+        if self._count_cache.shape[0] < n:
+            self._count_cache = np.arange(1, 2 * n + 1, dtype=float)[:, None]
+        return self._count_cache[:n]
 
     def _finished_iters(self, fin: np.ndarray) -> float:
         """sum_{i=0}^{I-1} E[#finished by i] (finished requests decode in neither policy)."""

@@ -232,37 +232,41 @@ class LookaheadModel:
         arr = np.asarray(buckets)
         if arr.dtype == object:
             arr = np.asarray([NO_BUCKET if b is None else b for b in arr.tolist()])
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.issubdtype(arr.dtype, np.integer):
             if not np.all(np.equal(np.mod(arr, 1), 0)):
                 raise ValueError("buckets must be integers (-1 or None for no prediction)")
             arr = arr.astype(np.int64)
-        if arr.size:
-            lo, hi = int(arr.min()), int(arr.max())
-            if lo < -1 or hi >= self._none:
-                raise ValueError(
-                    f"bucket indices must lie in [-1, {self._none - 1}], got range [{lo}, {hi}]"
-                )
-        return np.where(arr < 0, self._none, arr).astype(np.int64, copy=False)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < -1 or hi >= self._none:
+            raise ValueError(
+                f"bucket indices must lie in [-1, {self._none - 1}], got range [{lo}, {hi}]"
+            )
+        # -1 (no prediction) maps to the last row, K
+        return np.mod(arr, self._none + 1, dtype=np.int64)
 
     # ------------------------------------------------------------------ projections
     def project_full(
-        self,
-        lengths: Sequence[float] | np.ndarray,
-        buckets: Sequence[int | None] | np.ndarray,
+        self, lengths: Sequence[float] | np.ndarray, buckets: Sequence[int | None] | np.ndarray
     ) -> np.ndarray:
         """Expected KV tokens after iterations ``0 .. horizon`` (index 0 = now)."""
-        ln = np.asarray(lengths, dtype=float)
-        b = self.bucket_index(buckets)
-        if ln.shape != b.shape or ln.ndim != 1:
+        return self.project_rows(np.asarray(lengths, dtype=float), self.bucket_index(buckets))
+
+    def project_rows(self, lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """:meth:`project_full` for buckets already mapped by :meth:`bucket_index`."""
+        ln = lengths
+        if ln.shape != rows.shape or ln.ndim != 1:
             raise ValueError(
-                f"lengths and buckets must be 1-D of equal length, got {ln.shape} and {b.shape}"
+                f"lengths and buckets must be 1-D of equal length, got {ln.shape} and "
+                f"{rows.shape}"
             )
-        if ln.size and (not np.all(np.isfinite(ln)) or ln.min() < 0):
+        if ln.size and (not np.isfinite(ln.sum()) or ln.min() < 0):
             raise ValueError("lengths must be finite and >= 0")
         k1 = self._none + 1
-        len_by_bucket = np.bincount(b, weights=ln, minlength=k1)
-        cnt_by_bucket = np.bincount(b, minlength=k1).astype(float)
-        return ln.sum() - len_by_bucket @ self._t.pfin + cnt_by_bucket @ self._t.ret
+        len_by_bucket = np.bincount(rows, weights=ln, minlength=k1)
+        cnt_by_bucket = np.bincount(rows, minlength=k1).astype(float)
+        return len_by_bucket.sum() - len_by_bucket @ self._t.pfin + cnt_by_bucket @ self._t.ret
 
     def project(
         self,
@@ -289,6 +293,9 @@ class LookaheadModel:
 
     def expected_finished(self, buckets: Sequence[int | None] | np.ndarray) -> np.ndarray:
         """Expected number of requests finished by iterations ``0 .. horizon``."""
-        b = self.bucket_index(buckets)
-        cnt = np.bincount(b, minlength=self._none + 1).astype(float)
+        return self.expected_finished_rows(self.bucket_index(buckets))
+
+    def expected_finished_rows(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`expected_finished` for buckets already mapped by :meth:`bucket_index`."""
+        cnt = np.bincount(rows, minlength=self._none + 1).astype(float)
         return cnt @ self._t.pfin

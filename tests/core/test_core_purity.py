@@ -1,0 +1,45 @@
+"""core/ is pure Python + numpy: no torch, no sglang (design.md §1)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import spexis_sglang.core as core
+
+CORE = Path(core.__file__).parent
+ALLOWED_THIRD_PARTY = {"numpy"}
+
+
+def test_core_sources_import_only_stdlib_and_numpy() -> None:
+    for path in sorted(CORE.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: inside core
+                    continue
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                ok = top in sys.stdlib_module_names or top in ALLOWED_THIRD_PARTY
+                assert ok, f"{path.name} imports {name}"
+
+
+def test_importing_core_loads_neither_torch_nor_sglang() -> None:
+    code = (
+        "import sys, spexis_sglang.core, spexis_sglang.plan; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'sglang', 'transformers', 'triton')); print(bad); assert not bad"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
