@@ -12,7 +12,7 @@ scheduler runs every iteration:
 * ``admit``    — the admission decision for all 64 waiting requests (projection included);
 * ``iteration``— select + admit, i.e. one full scheduling decision;
 * ``sp_state`` — (for reference) the per-request epoch bookkeeping for B requests for one
-  iteration: one result, one draft and one launch per request.
+  iteration: one result, one launch and one draft per request (Python, O(B)).
 
 Two memory situations are timed: ``fits`` (ample KV: every waiting request is admitted)
 and ``pressure`` (KV nearly full: the eviction forecast and the gain G are evaluated and
@@ -100,10 +100,9 @@ def _sp_state_iteration(batch: int) -> Callable[[], None]:
         nxt = []
         for rid, pos, ep in rows:
             st.on_result(rid, pos, ep, 1)
-            plan = st.next_row(rid)
-            ep2 = st.on_launch(rid, plan.position, plan.token, plan.is_spec, plan.confidence)
-            st.on_draft(rid, plan.position, ep2, 2, 0.9)
-            nxt.append((rid, plan.position, ep2))
+            row = st.launch_next(rid)
+            st.on_draft(rid, row.position, row.epoch, 2, 0.9)
+            nxt.append((rid, row.position, row.epoch))
         rows = nxt
 
     return run

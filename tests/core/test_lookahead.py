@@ -217,3 +217,12 @@ def test_projection_validation() -> None:
     with pytest.raises(ValueError, match="integers"):
         m.project([1, 2], [0.5, 1])
     assert np.all(m.project([], []) == 0.0)
+
+
+def test_expected_kv_tokens_convenience() -> None:
+    from spexis_sglang.core.lookahead import expected_kv_tokens
+
+    lengths, buckets = [100, 50, 7], [0, None, 3]
+    prec = [0.8, 0.8, 0.82, 0.85, 0.86]
+    got = expected_kv_tokens(lengths, buckets, 3, 0.7, prec)
+    assert np.allclose(got, LookaheadModel(3, 0.7, prec).project(lengths, buckets))

@@ -155,6 +155,18 @@ def test_out_of_order_result_is_a_protocol_error() -> None:
         s.add("b", 0, 1)
 
 
+def test_launch_next_is_next_row_plus_on_launch() -> None:
+    s = SPState()
+    s.add("a", 3, 7)
+    row = s.launch_next("a")
+    assert (row.position, row.token, row.is_spec, row.epoch) == (2, 7, False, 0)
+    assert s.launch_next("a") is None  # waiting for a draft
+    s.on_draft("a", 2, 0, 8, 0.6)
+    row = s.launch_next("a")
+    assert (row.position, row.token, row.is_spec, row.confidence) == (3, 8, True, 0.6)
+    assert s.num_inflight_rows("a") == 2 and s.stats.launched_spec == 1
+
+
 def test_max_unverified_caps_speculation_depth() -> None:
     s = SPState(max_unverified=1)
     s.add("a", 3, 7)

@@ -297,10 +297,13 @@ def sp_alpha_exact(
         S = sum_{j=0}^{N-2} (1 - alpha)^j   (expected stale rows after a wrong draft)
 
     Both reduce to Eq. 2 at ``alpha = 0`` and agree with Eq. 3-4 at ``Theta_alpha`` in
-    {0, 1}. In between, Eq. 4 *underestimates* the effective batch and Eq. 3 the rows,
-    because the paper lets a drop cost ``N - 1`` idle iterations even when the dropped draft
-    belongs to an already-doomed (stale) chain, and because Eq. 4 applies the SP efficiency
-    ``1 / (N - Theta (N-1))`` to the kept share as if drops and rejections did not interact.
+    {0, 1}. In between, Eq. 3 *underestimates* the rows, because it lets every drop cost
+    ``N - 1`` idle iterations, also when the dropped draft belongs to an already-doomed
+    (stale) chain, whose request would resume at the rejection anyway; and Eq. 4
+    *underestimates* the effective batch, because it applies plain-SP efficiency
+    ``1 / (N - Theta (N-1))`` to the kept share as if drops and rejections did not
+    interact. Per request, a drop after an effective row costs the same time as a rejection
+    (``N`` iterations for the token) but wastes no row, which gives the token rate above.
     Relative error of Eq. 4's effective batch against this formula (and against the Monte-
     Carlo simulation, see tests/core/test_sp_simulation.py):
 
@@ -314,9 +317,11 @@ def sp_alpha_exact(
     8   0.70          0.20    0.7787 (-22.1 %)     0.8725
     ==  ============  ======  ===================  =================
 
-    The *throughput ratio* used to choose alpha is ``effective / T(rows)``, and since both
-    numerator and the batch in the denominator are underestimated, the argmax over alpha
-    shifts less than the individual terms.
+    The throughput that picks alpha is ``effective / T(rows)``; both terms move, and on the
+    example 8-GPU profile (``benchmark/profiles/example_8gpu.json``) the exact model picks a
+    different alpha and predicts more: PP2xTP4 alpha 0.20 -> 0.25 (+0.4 % tok/s), PP4xTP2
+    0.25 -> 0.35 (+8.4 %), PP8xTP1 0.40 -> 0.38 (+22 %). ``--alpha-model exact`` of the
+    planner uses it.
     """
     n = _check_stages(num_stages)
     theta_alpha = _check_prob("theta_alpha", theta_alpha)

@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
     "NO_BUCKET",
     "LookaheadModel",
+    "expected_kv_tokens",
     "generated_tokens_survival",
 ]
 
@@ -86,20 +87,19 @@ def generated_tokens_survival(num_stages: int, theta: float, horizon: int) -> np
         for i in range(h + 1):
             surv[i, 1 : i + 1] = 1.0
     else:
-        # cdf[k, w] = P(Binomial(k, q) <= w)
-        pmf = np.zeros(h + 1)
-        pmf[0] = 1.0
-        cdf = np.zeros((h + 1, h + 1))
-        cdf[0, :] = 1.0
+        # pmf[k, w] = P(Binomial(k, q) = w), built row by row; cdf[k, w] = P(... <= w)
+        pmf = np.zeros((h + 1, h + 1))
+        pmf[0, 0] = 1.0
         for k in range(1, h + 1):
-            nxt = np.zeros(h + 1)
-            nxt[: k + 1] += pmf[: k + 1] * (1.0 - q)
-            nxt[1 : k + 1] += pmf[:k] * q
-            pmf = nxt
-            cdf[k] = np.minimum(np.cumsum(pmf), 1.0)
-        for i in range(1, h + 1):
-            for k in range(1, i + 1):
-                surv[i, k] = cdf[k, min((i - k) // (n - 1), k)]
+            pmf[k, : k + 1] = pmf[k - 1, : k + 1] * (1.0 - q)
+            pmf[k, 1 : k + 1] += pmf[k - 1, :k] * q
+        cdf = np.minimum(np.cumsum(pmf, axis=1), 1.0)
+        # P(G_i >= k) = P(W_k <= floor((i - k) / (N - 1))) for 1 <= k <= i
+        i_idx, k_idx = np.meshgrid(np.arange(h + 1), np.arange(h + 1), indexing="ij")
+        valid = (k_idx >= 1) & (k_idx <= i_idx)
+        w_idx = np.minimum(np.maximum(i_idx - k_idx, 0) // (n - 1), k_idx)
+        surv[:, : h + 1] = np.where(valid, cdf[k_idx, w_idx], 0.0)
+        surv[:, 0] = 1.0
     surv.setflags(write=False)
     return surv
 
@@ -299,3 +299,42 @@ class LookaheadModel:
         """:meth:`expected_finished` for buckets already mapped by :meth:`bucket_index`."""
         cnt = np.bincount(rows, minlength=self._none + 1).astype(float)
         return cnt @ self._t.pfin
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_model(
+    num_stages: int,
+    theta: float,
+    precision: tuple[float, ...],
+    thresholds: tuple[int, ...],
+    horizon: int,
+    formula: str,
+) -> LookaheadModel:
+    return LookaheadModel(num_stages, theta, precision, thresholds, horizon, formula)
+
+
+def expected_kv_tokens(
+    lengths: Sequence[float] | np.ndarray,
+    buckets: Sequence[int | None] | np.ndarray,
+    num_stages: int,
+    theta: float,
+    precision: Sequence[float],
+    thresholds: Sequence[int] = DEFAULT_THRESHOLDS,
+    horizon: int = 64,
+    formula: str = "exact",
+) -> np.ndarray:
+    """Algorithm 1 in one call: expected KV tokens at iterations ``1 .. horizon``.
+
+    The model (and its tables) is cached per argument set. A ``theta`` measured online
+    should be rounded (e.g. to 0.01) so that successive calls hit the cache; building the
+    tables costs about a millisecond.
+    """
+    model = _cached_model(
+        int(num_stages),
+        float(theta),
+        tuple(float(p) for p in precision),
+        tuple(int(t) for t in thresholds),
+        int(horizon),
+        formula,
+    )
+    return model.project(lengths, buckets)

@@ -51,9 +51,8 @@ Typical driving sequence per iteration (SGLang scheduler on stage 0)::
     drop = select_drops([st.candidate_confidence(r) for r in cand], alpha)
     for i in drop: st.drop_draft(cand[i])
     for rid in running:
-        plan = st.next_row(rid)                           # None: wait for verification
-        if plan: epoch = st.on_launch(rid, plan.position, plan.token, plan.is_spec,
-                                      plan.confidence)
+        row = st.launch_next(rid)       # = next_row + on_launch; None: wait for verification
+        if row: add_to_batch(rid, row.position, row.token, row.epoch)
     for rid in st.pop_drained(): free_kv(rid)
 """
 
@@ -63,7 +62,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +87,7 @@ class Outcome(enum.Enum):
     STALE = "stale"
 
 
-@dataclass(frozen=True)
-class RowPlan:
+class RowPlan(NamedTuple):
     """The next row of a request: launch ``token`` at ``position`` tagged with ``epoch``."""
 
     rid: Hashable
@@ -286,6 +284,17 @@ class SPState:
             return None
         tok, conf = req.pending
         return RowPlan(rid, req.frontier, tok, True, conf, req.epoch)
+
+    def launch_next(self, rid: Hashable) -> RowPlan | None:
+        """:meth:`next_row` and :meth:`on_launch` in one step (the scheduler's fast path).
+
+        Returns the launched row (its ``epoch`` is the tag to send along), or ``None`` when
+        the request must wait.
+        """
+        plan = self.next_row(rid)
+        if plan is not None:
+            self.on_launch(rid, plan.position, plan.token, plan.is_spec, plan.confidence)
+        return plan
 
     # ------------------------------------------------------------------ events
     def on_launch(
