@@ -342,3 +342,16 @@ def test_fcfs_slots_are_the_earliest_eviction_free_iterations(seed, fcfs_room) -
         for i in range(slot, h + 1):
             reserved[i] += p + eg[i - slot + 1]
         prev = slot
+
+
+def test_empty_running_set() -> None:
+    model = LookaheadModel(2, 0.8, [0.8] * 5)
+    planner = AdmissionPlanner(model, capacity=600.0, pdr=5.0)
+    plan = planner.decide([], [], [100, 300, 1000])
+    # 100 + 300 + 2 * E[G_64] (53.3 each) fit; 1000 never fits, even with nothing running
+    assert plan.admit_now.tolist() == [True, True, False]
+    assert plan[2].gain == float("inf") and plan[2].delay_iters is None
+    # with 500 tokens the second request overflows late in the horizon with nobody to evict
+    plan = AdmissionPlanner(model, capacity=500.0, pdr=5.0).decide([], [], [100, 300])
+    assert plan[1].reason == "gain" and plan[1].forecast.unresolvable
+    assert not plan[1].admit_now and plan[1].delay_iters > 0
