@@ -260,27 +260,25 @@ class AdmissionPlanner:
         """Requests without a finish prediction first, then longer predicted remaining
         lengths; within a group larger KV footprints first (fewest evictions); then index.
         """
-        idx = np.arange(lengths.size)
-        return np.lexsort((idx, -lengths, -bucket_rows))
+        # one stable sort on a composite key: bucket row (descending), then length
+        # (descending); ties keep index order
+        key = bucket_rows * (2.0 * (lengths.max(initial=0.0) + 1.0)) + lengths
+        return np.argsort(-key, kind="stable")
 
     def _delay_slot(self, slack: np.ndarray, prompt: float, d_min: int) -> int | None:
         """Earliest admission iteration d >= d_min (1 = now) such that a request holding
         ``prompt + E[G_{i-d+1}]`` tokens at iterations ``i = d .. H`` fits in ``slack[i-1]``
         (the capacity left by everything else), or None.
 
-        A request admitted at d holds at least ``prompt + E[G_1]`` from d on, so d cannot
-        precede the first iteration from which the suffix minimum of the slack allows that;
-        candidates are then checked in small windows, O(8 H) each.
+        Candidates are checked eight at a time, O(8 H) each. If the first eight fail, the
+        search jumps ahead: a request admitted at d holds at least ``prompt + E[G_1]`` from
+        d on, so d cannot precede the first iteration from which the suffix minimum of the
+        slack allows that.
         """
         h = self._h
-        if d_min > h:
-            return None
-        suffix_min = np.minimum.accumulate(slack[::-1])[::-1]
-        cand = (suffix_min[d_min - 1 :] >= prompt + self._eg1).nonzero()[0]
-        if cand.size == 0:
-            return None
-        d0 = d_min + int(cand[0])
         growth = self._growth
+        d0 = d_min
+        jumped = False
         while d0 <= h:
             d1 = min(h, d0 + 7)
             room = (slack[None, :] - growth[d0 - 1 : d1]).min(axis=1)
@@ -288,6 +286,13 @@ class AdmissionPlanner:
             if ok.size:
                 return d0 + int(ok[0])
             d0 = d1 + 1
+            if not jumped and d0 <= h:
+                jumped = True
+                suffix_min = np.minimum.accumulate(slack[::-1])[::-1]
+                cand = (suffix_min[d0 - 1 :] >= prompt + self._eg1).nonzero()[0]
+                if cand.size == 0:
+                    return None
+                d0 += int(cand[0])
         return None
 
     def forecast_aggr(
@@ -453,14 +458,16 @@ class AdmissionPlanner:
             return plan
         # 3. FCFS queue behind a delayed request: the head's first eviction-free slot,
         # then every following request that fits there as well takes the same slot.
+        h = self._h
+        eg_full = model.expected_generated
         csum_all = np.concatenate(([0.0], cum))
         block = min(16, n_wait - j)
-        grow = self._counts(block) * model.expected_generated[None, 1:]  # c * E[G_k]
+        grow = self._counts(block) * eg_full[None, 1:]  # grow[c-1, k-1] = c * E[G_k]
         while j < n_wait:
             d = self._delay_slot(slack[1:], float(wt[j]), d_min)
             if d is None:
                 break  # the rest stays "not within the horizon"
-            lag = self._h - d + 1
+            lag = h - d + 1
             k_n = min(block, n_wait - j)
             # excess[c-1, :]: requests j .. j+c-1 admitted together at d, iterations d..H
             excess = (csum_all[j + 1 : j + k_n + 1] - csum_all[j])[:, None] + grow[:k_n, :lag]

@@ -234,7 +234,7 @@ class LookaheadModel:
             arr = np.asarray([NO_BUCKET if b is None else b for b in arr.tolist()])
         if arr.size == 0:
             return np.zeros(0, dtype=np.int64)
-        if not np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype.kind not in "iu":
             if not np.all(np.equal(np.mod(arr, 1), 0)):
                 raise ValueError("buckets must be integers (-1 or None for no prediction)")
             arr = arr.astype(np.int64)
@@ -261,12 +261,13 @@ class LookaheadModel:
                 f"lengths and buckets must be 1-D of equal length, got {ln.shape} and "
                 f"{rows.shape}"
             )
-        if ln.size and (not np.isfinite(ln.sum()) or ln.min() < 0):
-            raise ValueError("lengths must be finite and >= 0")
         k1 = self._none + 1
         len_by_bucket = np.bincount(rows, weights=ln, minlength=k1)
-        cnt_by_bucket = np.bincount(rows, minlength=k1).astype(float)
-        return len_by_bucket.sum() - len_by_bucket @ self._t.pfin + cnt_by_bucket @ self._t.ret
+        total = len_by_bucket.sum()
+        if ln.size and (not np.isfinite(total) or ln.min() < 0):
+            raise ValueError("lengths must be finite and >= 0")
+        cnt_by_bucket = np.bincount(rows, minlength=k1)
+        return total - len_by_bucket @ self._t.pfin + cnt_by_bucket @ self._t.ret
 
     def project(
         self,
