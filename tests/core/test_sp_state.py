@@ -77,6 +77,32 @@ def test_reject_bumps_epoch_and_stales_in_flight_rows() -> None:
     assert s.verified_len("a") == 7 and s.stats.stale == 2 and s.stats.rejected == 1
 
 
+def test_ranks_with_placeholder_drafts_agree_through_launched_draft() -> None:
+    """Stage 0 knows the drafts; other PP ranks record placeholders. Passing the real draft
+    with the result makes every rank reach stage 0's verdict."""
+    ranks = [SPState(), SPState()]
+    for r, s in enumerate(ranks):
+        s.add("a", 3, 7)
+        launch(s, "a")
+        s.on_draft("a", 2, 0, 8 if r == 0 else -1, 0.9)  # -1: placeholder
+        launch(s, "a")
+        s.on_draft("a", 3, 0, 9 if r == 0 else -1, 0.9)
+        launch(s, "a")
+    # row 2 made draft 8 (right), row 3 made draft 9 (wrong: x_4 = 5)
+    for s in ranks:
+        assert s.on_result("a", 2, 0, 8, launched_draft=8) is Outcome.ACCEPTED
+        assert s.on_result("a", 3, 0, 5, launched_draft=9) is Outcome.REJECTED
+        assert s.epoch("a") == 1 and s.verified_len("a") == 5
+    assert ranks[1].on_result("a", 4, 0, 0) is Outcome.STALE
+    # without the real draft the placeholder rank would have rejected a right draft
+    s = SPState()
+    s.add("a", 3, 7)
+    launch(s, "a")
+    s.on_draft("a", 2, 0, -1, 0.9)
+    launch(s, "a")
+    assert s.on_result("a", 2, 0, 8) is Outcome.REJECTED
+
+
 def test_dropped_draft_waits_for_verification() -> None:
     s = SPState()
     s.add("a", 3, 7)
