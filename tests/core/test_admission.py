@@ -355,3 +355,18 @@ def test_empty_running_set() -> None:
     plan = AdmissionPlanner(model, capacity=500.0, pdr=5.0).decide([], [], [100, 300])
     assert plan[1].reason == "gain" and plan[1].forecast.unresolvable
     assert not plan[1].admit_now and plan[1].delay_iters > 0
+
+
+@pytest.mark.parametrize("big_fits_later", [True, False])
+def test_non_fcfs_lets_small_requests_pass(big_fits_later: bool) -> None:
+    model = LookaheadModel(2, 1.0, [1.0] * 5, THR, 64)
+    # one request finishing at iteration 16 frees 600 tokens
+    lengths, buckets = [600, 100], [2, -1]
+    big = 700.0 if big_fits_later else 5000.0
+    kw = dict(capacity=1000.0, pdr=50.0)
+    fcfs = AdmissionPlanner(model, **kw).decide(lengths, buckets, [big, 20])
+    free = AdmissionPlanner(model, fcfs=False, **kw).decide(lengths, buckets, [big, 20])
+    assert not fcfs.admit_now[0] and not fcfs.admit_now[1]  # FCFS: queued behind the big one
+    assert not free.admit_now[0] and free.admit_now[1]  # the small one fits now
+    assert free[1].reason == "fits"
+    assert (free[0].delay_iters is not None) == big_fits_later

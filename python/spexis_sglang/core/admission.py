@@ -527,7 +527,9 @@ class AdmissionPlanner:
                 slack = slack - prompt - eg
                 continue
             if d is None:
-                return n_wait, slack, self._h + 1
+                if self.fcfs:
+                    return n_wait, slack, self._h + 1
+                continue  # nothing to reserve; later requests are judged on their own
             slack = slack.copy()
             slack[d:] -= prompt + self.model.expected_generated[1 : self._h - d + 2]
             if self.fcfs:
