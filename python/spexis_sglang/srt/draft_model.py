@@ -1,0 +1,660 @@
+"""The stage-0 draft head inside SGLang's own model (design.md §2 step 1, §4).
+
+Stage 0 of a pipeline with two or more stages carries an early-exit *draft head* on the residual
+stream it hands downstream. The head runs inside the model's ``forward`` so that it sees the same
+``ForwardBatch``, attention backend, forward metadata and ``out_cache_loc`` as the base layers: its
+attention layers are ``K`` more layers of stage 0's KV pool (ids ``end_layer .. end_layer+K-1``),
+written for every token (prefill too) into the request's own token slots.
+
+The forward is exactly ``spexis_sglang.models.draft_head.DraftHead``'s (same parameter names)::
+
+    x = norm(h + r)                       # norm.weight  (h, r: stage 0's proxy tensors)
+    x = fc(x)                             # fc.weight, fc.bias  (Linear h -> h)
+    for each layer i:                     # layers.{i}.*, Llama attention (GQA, RoPE of the base)
+        x = x + self_attn(input_layernorm(x))
+        x = post_attention_layernorm(x)   # only if an artifact has it (models' head has none)
+    x = final_norm(x)                     # final_norm.weight
+    logits = x[last token of each sequence] @ embed_tokens.weight.T   # [:vocab_size]
+    draft = argmax(logits), conf = max(softmax(logits)) (fp32)
+
+Unlike the torch reference (fp32 throughout) the SGLang head runs in the model's dtype, like the
+base layers; the softmax is fp32 and the LM-head matmul is fp32 with ``--enable-fp32-lm-head``.
+
+The head is configured per process by ``SPEXIS_DRAFT_HEAD``: an artifact directory
+(``config.json`` + ``model.safetensors``) or ``random:<seed>`` (one layer, deterministic given the
+seed and identical on every TP rank; for losslessness tests and dummy-weight benchmarks).
+
+The model returns its stage-0 ``PPProxyTensors`` with two extra keys: ``spexis_draft_ids`` (int64
+``[num_seqs]``) and ``spexis_draft_conf`` (float32 ``[num_seqs]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from sglang.srt.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+)
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM
+from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+from sglang.srt.runtime_context import get_exec
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
+# Debug/test aid: a file to which stage 0 (TP rank 0) appends one JSON line per eager forward.
+ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
+
+PROXY_DRAFT_IDS = "spexis_draft_ids"
+PROXY_DRAFT_CONF = "spexis_draft_conf"
+
+RANDOM_PREFIX = "random:"
+RANDOM_NUM_LAYERS = 1
+ARTIFACT_CONFIG = "config.json"
+ARTIFACT_WEIGHTS = "model.safetensors"
+
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+class DraftHeadError(ValueError):
+    """The configured draft head cannot serve this model / pipeline split."""
+
+
+@dataclasses.dataclass
+class DraftHeadSpec:
+    """A resolved draft head: where it came from, its shape and its full (unsharded) weights."""
+
+    source: str
+    num_layers: int
+    exit_layer: int
+    post_attention_norm: bool
+    final_norm: bool
+    weights: Dict[str, torch.Tensor]
+    config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# Resolving SPEXIS_DRAFT_HEAD
+# ------------------------------------------------------------------------------------------------
+
+
+def _head_dims(base_config: Any) -> Tuple[int, int, int, int]:
+    hidden = int(base_config.hidden_size)
+    num_heads = int(base_config.num_attention_heads)
+    num_kv_heads = int(getattr(base_config, "num_key_value_heads", None) or num_heads)
+    head_dim = int(getattr(base_config, "head_dim", None) or hidden // num_heads)
+    return hidden, num_heads, num_kv_heads, head_dim
+
+
+def expected_shapes(
+    base_config: Any, num_layers: int, post_attention_norm: bool, final_norm: bool
+) -> Dict[str, Tuple[int, ...]]:
+    """Full (unsharded) parameter shapes of a head for ``base_config``."""
+    hidden, num_heads, num_kv_heads, head_dim = _head_dims(base_config)
+    shapes: Dict[str, Tuple[int, ...]] = {
+        "norm.weight": (hidden,),
+        "fc.weight": (hidden, hidden),
+        "fc.bias": (hidden,),
+    }
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "self_attn.q_proj.weight"] = (num_heads * head_dim, hidden)
+        shapes[p + "self_attn.k_proj.weight"] = (num_kv_heads * head_dim, hidden)
+        shapes[p + "self_attn.v_proj.weight"] = (num_kv_heads * head_dim, hidden)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, num_heads * head_dim)
+        if post_attention_norm:
+            shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+    if final_norm:
+        shapes["final_norm.weight"] = (hidden,)
+    return shapes
+
+
+def random_draft_head_weights(
+    base_config: Any, seed: int, num_layers: int = RANDOM_NUM_LAYERS
+) -> Dict[str, torch.Tensor]:
+    """Deterministic random head weights (fp32, CPU): the same on every rank for a given seed.
+
+    Projections are N(0, 1/fan_in) so activations keep their scale; norms are ones; final norm
+    on, no post-attention norm.
+    """
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed))
+    weights: Dict[str, torch.Tensor] = {}
+    for name, shape in expected_shapes(base_config, num_layers, False, True).items():
+        if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape, dtype=torch.float32, device="cpu")
+        elif name.endswith(".bias"):
+            weights[name] = torch.zeros(shape, dtype=torch.float32, device="cpu")
+        else:
+            std = shape[1] ** -0.5
+            weights[name] = (
+                torch.randn(shape, generator=gen, dtype=torch.float32, device="cpu") * std
+            )
+    return weights
+
+
+def parse_draft_head_value(value: str) -> Tuple[str, Any]:
+    """``("random", seed)`` or ``("artifact", directory)``; raises DraftHeadError when malformed."""
+    value = value.strip()
+    if value.startswith(RANDOM_PREFIX):
+        seed = value[len(RANDOM_PREFIX) :]
+        try:
+            return "random", int(seed)
+        except ValueError:
+            raise DraftHeadError(
+                f"{ENV_DRAFT_HEAD}={value!r}: the seed after 'random:' must be an integer"
+            ) from None
+    path = os.path.expanduser(value)
+    if not os.path.isdir(path):
+        raise DraftHeadError(
+            f"{ENV_DRAFT_HEAD}={value!r}: no such draft-head artifact directory "
+            f"(expected a directory with {ARTIFACT_CONFIG} and {ARTIFACT_WEIGHTS}, "
+            f"or 'random:<seed>')"
+        )
+    for f in (ARTIFACT_CONFIG, ARTIFACT_WEIGHTS):
+        if not os.path.isfile(os.path.join(path, f)):
+            raise DraftHeadError(f"draft-head artifact {value!r}: missing {f}")
+    return "artifact", path
+
+
+def _partition_hint(num_hidden_layers: int, pp_size: int, exit_layer: int) -> str:
+    rest = num_hidden_layers - exit_layer
+    if exit_layer <= 0 or pp_size < 2 or rest < pp_size - 1:
+        return ""
+    base, extra = divmod(rest, pp_size - 1)
+    parts = [exit_layer] + [
+        base + (1 if i >= pp_size - 1 - extra else 0) for i in range(pp_size - 1)
+    ]
+    return f"SGLANG_PP_LAYER_PARTITION={','.join(str(p) for p in parts)}"
+
+
+def check_exit_layer(
+    source: str,
+    artifact_exit_layer: int,
+    stage_end_layer: int,
+    num_hidden_layers: int,
+    pp_size: int,
+) -> None:
+    """The head was trained on the residual stream after ``exit_layer`` base layers; stage 0 must
+    end exactly there, or its drafts are garbage."""
+    if int(artifact_exit_layer) == int(stage_end_layer):
+        return
+    hint = _partition_hint(num_hidden_layers, pp_size, int(artifact_exit_layer))
+    raise DraftHeadError(
+        f"draft-head artifact {source!r} was trained at exit layer {artifact_exit_layer}, but "
+        f"pipeline stage 0 ends at layer {stage_end_layer} (of {num_hidden_layers}, "
+        f"pp_size={pp_size}). Split the layers so that stage 0 holds exactly "
+        f"{artifact_exit_layer} layers"
+        + (f", e.g. {hint}" if hint else " with SGLANG_PP_LAYER_PARTITION")
+        + "."
+    )
+
+
+def _validate_against_base(source: str, cfg: Dict[str, Any], base_config: Any) -> None:
+    hidden, num_heads, num_kv_heads, head_dim = _head_dims(base_config)
+    expected = {
+        "hidden_size": hidden,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": int(base_config.vocab_size),
+    }
+    for key, want in expected.items():
+        if key in cfg and cfg[key] is not None and int(cfg[key]) != want:
+            raise DraftHeadError(
+                f"draft-head artifact {source!r} does not fit the base model: "
+                f"{key}={cfg[key]} in its {ARTIFACT_CONFIG}, but the base model has {key}={want}"
+            )
+
+
+def _layers_in(weights: Dict[str, torch.Tensor]) -> int:
+    ids = {int(m.group(1)) for m in map(_LAYER_RE.match, weights) if m}
+    return max(ids) + 1 if ids else 0
+
+
+def _check_weights(
+    source: str, weights: Dict[str, torch.Tensor], base_config: Any
+) -> DraftHeadSpec:
+    num_layers = _layers_in(weights)
+    if num_layers == 0:
+        raise DraftHeadError(f"draft-head artifact {source!r} has no attention layers (layers.0.*)")
+    post = "layers.0.post_attention_layernorm.weight" in weights
+    final = "final_norm.weight" in weights
+    shapes = expected_shapes(base_config, num_layers, post, final)
+    missing = sorted(set(shapes) - set(weights))
+    unexpected = sorted(set(weights) - set(shapes))
+    if missing or unexpected:
+        raise DraftHeadError(
+            f"draft-head artifact {source!r}: "
+            + (f"missing tensors {missing}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected tensors {unexpected}" if unexpected else "")
+        )
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            raise DraftHeadError(
+                f"draft-head artifact {source!r} does not fit the base model: tensor {name} has "
+                f"shape {tuple(weights[name].shape)}, expected {shape}"
+            )
+    return DraftHeadSpec(
+        source=source,
+        num_layers=num_layers,
+        exit_layer=-1,
+        post_attention_norm=post,
+        final_norm=final,
+        weights=weights,
+    )
+
+
+def _load_with_models_package(path: str, base_config: Any) -> Optional[Tuple[Dict, Dict]]:
+    """Use ``spexis_sglang.models``' loader when it exists: it validates the artifact against the
+    base model (fingerprint, kind, shapes) and names the mismatching field."""
+    try:
+        from spexis_sglang.models.draft_head import load_draft_head
+    except ImportError:
+        return None
+    try:
+        head, cfg = load_draft_head(path, base_config, exit_layer=None, dtype=torch.float32)
+    except (ValueError, FileNotFoundError) as e:
+        raise DraftHeadError(str(e)) from e
+    weights = {k: v.detach().to("cpu", torch.float32) for k, v in head.state_dict().items()}
+    return dataclasses.asdict(cfg), weights
+
+
+def load_artifact(path: str, base_config: Any) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """Read and validate an artifact directory; returns ``(config, fp32 CPU weights)``."""
+    loaded = _load_with_models_package(path, base_config)
+    if loaded is not None:
+        return loaded
+    try:
+        with open(os.path.join(path, ARTIFACT_CONFIG)) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DraftHeadError(f"draft-head artifact {path!r}: unreadable {ARTIFACT_CONFIG}: {e}")
+    if not isinstance(cfg, dict):
+        raise DraftHeadError(f"draft-head artifact {path!r}: {ARTIFACT_CONFIG} is not an object")
+    _validate_against_base(path, cfg, base_config)
+    from safetensors import safe_open
+
+    weights: Dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(os.path.join(path, ARTIFACT_WEIGHTS), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                weights[name] = f.get_tensor(name).to(torch.float32)
+    except Exception as e:
+        raise DraftHeadError(f"draft-head artifact {path!r}: unreadable {ARTIFACT_WEIGHTS}: {e}")
+    return cfg, weights
+
+
+def resolve_draft_head(
+    value: Optional[str],
+    base_config: Any,
+    stage_end_layer: int,
+    pp_size: int,
+) -> Optional[DraftHeadSpec]:
+    """Turn ``SPEXIS_DRAFT_HEAD``'s value into a checked :class:`DraftHeadSpec` (None: no head)."""
+    if value is None or value.strip() == "":
+        return None
+    kind, arg = parse_draft_head_value(value)
+    if kind == "random":
+        weights = random_draft_head_weights(base_config, arg)
+        spec = _check_weights(value, weights, base_config)
+        spec.exit_layer = stage_end_layer
+        spec.config = {"random_seed": arg}
+        return spec
+    cfg, weights = load_artifact(arg, base_config)
+    spec = _check_weights(arg, weights, base_config)
+    if "exit_layer" not in cfg:
+        raise DraftHeadError(
+            f"draft-head artifact {arg!r}: {ARTIFACT_CONFIG} does not record 'exit_layer'"
+        )
+    check_exit_layer(
+        arg, int(cfg["exit_layer"]), stage_end_layer, int(base_config.num_hidden_layers), pp_size
+    )
+    spec.exit_layer = int(cfg["exit_layer"])
+    spec.config = cfg
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------
+# The head, built from SGLang modules
+# ------------------------------------------------------------------------------------------------
+
+
+def _rope_args(config: Any) -> Dict[str, Any]:
+    """Mirror ``LlamaDecoderLayer``'s RoPE arguments (without mutating the shared config)."""
+    rope_parameters = getattr(config, "rope_parameters", None)
+    if rope_parameters is not None:
+        rope_theta = rope_parameters.get("rope_theta", 10000)
+        rope_scaling = dict(rope_parameters)
+    else:
+        rope_theta = getattr(config, "rope_theta", 10000)
+        rope_scaling = getattr(config, "rope_scaling", None)
+        rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
+    if rope_scaling is not None and getattr(config, "original_max_position_embeddings", None):
+        rope_scaling["original_max_position_embeddings"] = config.original_max_position_embeddings
+    return dict(
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        rope_is_neox_style=getattr(config, "rope_is_neox_style", True),
+        max_position_embeddings=getattr(config, "max_position_embeddings", 8192),
+    )
+
+
+class SpexisDraftLayer(nn.Module):
+    """Attention-only decoder layer: one more layer of stage 0's KV pool."""
+
+    def __init__(self, config: Any, layer_id: int, post_attention_norm: bool, prefix: str):
+        super().__init__()
+        hidden, num_heads, num_kv_heads, _ = _head_dims(config)
+        self.input_layernorm = RMSNorm(hidden, eps=config.rms_norm_eps)
+        self.self_attn = LlamaAttention(
+            config=config,
+            hidden_size=hidden,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            layer_id=layer_id,
+            start_layer=layer_id,
+            quant_config=None,
+            prefix=f"{prefix}.self_attn",
+            bias=False,
+            **_rope_args(config),
+        )
+        self.post_attention_layernorm = (
+            RMSNorm(hidden, eps=config.rms_norm_eps) if post_attention_norm else None
+        )
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        x = x + self.self_attn(
+            positions=positions,
+            hidden_states=self.input_layernorm(x),
+            forward_batch=forward_batch,
+        )
+        if self.post_attention_layernorm is not None:
+            x = self.post_attention_layernorm(x)
+        return x
+
+
+class SpexisDraftHead(nn.Module):
+    """norm -> fc -> K attention-only layers -> final norm; the LM head is the base embedding."""
+
+    def __init__(self, config: Any, spec: DraftHeadSpec, first_layer_id: int, prefix: str):
+        super().__init__()
+        hidden = int(config.hidden_size)
+        self.num_layers = spec.num_layers
+        self.first_layer_id = first_layer_id
+        self.vocab_size = int(config.vocab_size)
+        self.norm = RMSNorm(hidden, eps=config.rms_norm_eps)
+        self.fc = ReplicatedLinear(hidden, hidden, bias=True, prefix=f"{prefix}.fc")
+        self.layers = nn.ModuleList(
+            SpexisDraftLayer(
+                config, first_layer_id + i, spec.post_attention_norm, f"{prefix}.layers.{i}"
+            )
+            for i in range(spec.num_layers)
+        )
+        self.final_norm = RMSNorm(hidden, eps=config.rms_norm_eps) if spec.final_norm else None
+        self.tp_size = get_tensor_model_parallel_world_size()
+        # Like SGLang's LogitsProcessor: model dtype unless --enable-fp32-lm-head.
+        self.fp32_lm_head = bool(get_exec().features.enable_fp32_lm_head)
+
+    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Load full (unsharded) artifact tensors; q/k/v go through QKVParallelLinear's loader."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights.items():
+            m = _LAYER_RE.match(name)
+            if m and m.group(2) in (
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+            ):
+                shard = m.group(2).split(".")[1][0]  # "q" | "k" | "v"
+                target = f"layers.{m.group(1)}.self_attn.qkv_proj.weight"
+                param = params[target]
+                param.weight_loader(param, tensor, shard)
+            else:
+                target = name
+                param = params[target]
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(target)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise DraftHeadError(f"draft head: parameters left unloaded: {missing}")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        lm_head_weight: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns ``(draft_ids int64 [S], conf fp32 [S], last-token row indices [S])``."""
+        x = hidden_states if residual is None else hidden_states + residual
+        x = self.norm(x)
+        x, _ = self.fc(x)
+        # Every token goes through attention so the head's KV exists for every position.
+        for layer in self.layers:
+            x = layer(positions, x, forward_batch)
+        mode = forward_batch.forward_mode
+        if mode.is_extend():
+            last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            last = last.to(torch.long)
+            x = x[last]
+        else:
+            last = torch.arange(x.shape[0], device=x.device)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.fp32_lm_head:
+            logits = torch.matmul(x.float(), lm_head_weight.float().T)
+        else:
+            logits = torch.matmul(x.to(lm_head_weight.dtype), lm_head_weight.T)
+        if self.tp_size > 1:
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)
+        logits = logits[:, : self.vocab_size].float()
+        top, ids = logits.max(dim=-1)
+        conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
+        return ids.to(torch.int64), conf.to(torch.float32), last
+
+
+# ------------------------------------------------------------------------------------------------
+# The model classes
+# ------------------------------------------------------------------------------------------------
+
+
+class _SpexisDraftMixin:
+    """Adds the draft head to a Llama-style ``*ForCausalLM`` on the first of >= 2 PP stages."""
+
+    spexis_draft_head: Optional[SpexisDraftHead]
+
+    def _spexis_init_draft_head(self) -> None:
+        self.spexis_draft_head = None
+        self._spexis_pending_weights: Optional[Dict[str, torch.Tensor]] = None
+        self._spexis_trace_path = os.environ.get(ENV_DRAFT_TRACE) or None
+        value = os.environ.get(ENV_DRAFT_HEAD)
+        pp = self.pp_group
+        if not value or pp.world_size < 2 or not pp.is_first_rank:
+            return
+        end_layer = int(self.model.end_layer)
+        spec = resolve_draft_head(value, self.config, end_layer, pp.world_size)
+        if spec is None:
+            return
+        self.spexis_draft_head = SpexisDraftHead(
+            self.config, spec, first_layer_id=end_layer, prefix="spexis_draft_head"
+        )
+        self._spexis_pending_weights = spec.weights
+        logger.info(
+            "spexis draft head %s: %d attention layer(s) at KV layer ids %d..%d after stage 0's "
+            "layers [%d, %d)",
+            spec.source,
+            spec.num_layers,
+            end_layer,
+            end_layer + spec.num_layers - 1,
+            int(self.model.start_layer),
+            end_layer,
+        )
+
+    @property
+    def spexis_draft_num_layers(self) -> int:
+        """Extra KV layers stage 0's pool needs (0 without an active head)."""
+        head = getattr(self, "spexis_draft_head", None)
+        return head.num_layers if head is not None else 0
+
+    def _spexis_load_draft_weights(self) -> None:
+        if self._spexis_pending_weights is None or self.spexis_draft_head is None:
+            return
+        self.spexis_draft_head.load_weights(self._spexis_pending_weights)
+        self._spexis_pending_weights = None
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
+        result = super().load_weights(weights)
+        self._spexis_load_draft_weights()
+        return result
+
+    def post_load_weights(self) -> None:
+        """Called by loaders that bypass ``load_weights`` (``--load-format dummy``, ...)."""
+        parent = getattr(super(), "post_load_weights", None)
+        if parent is not None:
+            parent()
+        self._spexis_load_draft_weights()
+
+    def _spexis_trace(
+        self, forward_batch: ForwardBatch, positions: torch.Tensor, last, ids, conf
+    ) -> None:
+        if get_tensor_model_parallel_rank() != 0:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return
+        record = {
+            "mode": forward_batch.forward_mode.name,
+            "rids": list(forward_batch.rids or []),
+            "positions": positions[last].tolist(),
+            "ids": ids.tolist(),
+            "conf": conf.tolist(),
+        }
+        with open(self._spexis_trace_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _spexis_forward(self, out: Any, positions: torch.Tensor, forward_batch: ForwardBatch):
+        hidden = out["hidden_states"]
+        residual = out.tensors.get("residual")
+        if forward_batch.forward_mode.is_idle() or hidden.shape[0] == 0:
+            out[PROXY_DRAFT_IDS] = torch.zeros(0, dtype=torch.int64, device=hidden.device)
+            out[PROXY_DRAFT_CONF] = torch.zeros(0, dtype=torch.float32, device=hidden.device)
+            return out
+        ids, conf, last = self.spexis_draft_head(
+            hidden, residual, positions, forward_batch, self.model.embed_tokens.weight
+        )
+        out[PROXY_DRAFT_IDS] = ids
+        out[PROXY_DRAFT_CONF] = conf
+        if self._spexis_trace_path:
+            self._spexis_trace(forward_batch, positions, last, ids, conf)
+        return out
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: torch.Tensor = None,
+        get_embedding: bool = False,
+        pp_proxy_tensors: Optional[PPProxyTensors] = None,
+    ):
+        out = super().forward(
+            input_ids,
+            positions,
+            forward_batch,
+            input_embeds=input_embeds,
+            get_embedding=get_embedding,
+            pp_proxy_tensors=pp_proxy_tensors,
+        )
+        if self.spexis_draft_head is None or get_embedding or not isinstance(out, PPProxyTensors):
+            return out
+        return self._spexis_forward(out, positions, forward_batch)
+
+
+class SpexisLlamaForCausalLM(_SpexisDraftMixin, LlamaForCausalLM):
+    """SGLang's Llama with the Spexis draft head on the first PP stage."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self._spexis_init_draft_head()
+
+
+class SpexisQwen3ForCausalLM(_SpexisDraftMixin, Qwen3ForCausalLM):
+    """SGLang's Qwen3 with the Spexis draft head on the first PP stage."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self._spexis_init_draft_head()
+
+
+SPEXIS_MODEL_CLASSES: Dict[str, type] = {
+    "LlamaForCausalLM": SpexisLlamaForCausalLM,
+    "Qwen3ForCausalLM": SpexisQwen3ForCausalLM,
+}
+
+
+def install_model_classes() -> None:
+    """Make SGLang build the Spexis model classes in this process (idempotent).
+
+    Must run in every scheduler process before the model is loaded; without
+    ``SPEXIS_DRAFT_HEAD`` (or off stage 0, or with PP=1) the classes behave exactly like SGLang's.
+    """
+    from sglang.srt.models.registry import ModelRegistry
+
+    for arch, cls in SPEXIS_MODEL_CLASSES.items():
+        ModelRegistry.models[arch] = cls
+
+
+def spexis_tp_worker_class() -> type:
+    """The TP worker class whose model runner grows stage 0's KV pool for the head's layers.
+
+    Build it in ``Scheduler.init_tp_model_worker`` with the stock keyword arguments. Imported
+    lazily: ``draft_runner`` pulls in SGLang's scheduler and model runner.
+    """
+    from spexis_sglang.srt.draft_runner import SpexisTpModelWorker
+
+    return SpexisTpModelWorker
+
+
+def draft_num_layers(model: nn.Module) -> int:
+    """Number of draft-head KV layers ``model`` needs in this rank's pool (0 if none)."""
+    return int(getattr(model, "spexis_draft_num_layers", 0) or 0)
+
+
+__all__: List[str] = [
+    "DraftHeadError",
+    "DraftHeadSpec",
+    "ENV_DRAFT_HEAD",
+    "ENV_DRAFT_TRACE",
+    "PROXY_DRAFT_CONF",
+    "PROXY_DRAFT_IDS",
+    "SpexisDraftHead",
+    "SpexisLlamaForCausalLM",
+    "SpexisQwen3ForCausalLM",
+    "check_exit_layer",
+    "draft_num_layers",
+    "install_model_classes",
+    "load_artifact",
+    "random_draft_head_weights",
+    "resolve_draft_head",
+    "spexis_tp_worker_class",
+]
