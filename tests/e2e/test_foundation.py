@@ -1,6 +1,6 @@
 """Foundation: the bundled model served through ``spexis_sglang.launch_server`` on CPU.
 
-One PP=1 and one PP=2 server per module; both must give HF transformers' greedy tokens.
+A PP=1 and a PP=2 server (session-wide); both must give HF transformers' greedy tokens.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import time
 import pytest
 import requests
 
-from spexis_sglang.default_model import ensure_default_model
-from spexis_sglang.testing import ServerProcess
-
 from .reference import CHAT_PROMPTS, chat_prompt_ids, hf_greedy, load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -23,21 +20,9 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    return ensure_default_model()
-
-
-@pytest.fixture(scope="module")
-def servers(model_dir):
-    """Start PP=1 and PP=2 together (start-up is mostly waiting), stop both at the end."""
-    procs = {pp: ServerProcess(["--pp-size", str(pp)]) for pp in (1, 2)}
-    try:
-        for p in procs.values():
-            p.wait_ready()
-        yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
+def servers(server_factory):
+    """Plain SGLang through our entry point with PP=1 and PP=2 (shared with other modules)."""
+    return {pp: server_factory(["--pp-size", str(pp)]) for pp in (1, 2)}
 
 
 @pytest.fixture(scope="module")

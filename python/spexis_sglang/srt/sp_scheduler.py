@@ -167,7 +167,9 @@ class SpexisScheduler(Scheduler):
         self.sp_iteration = 0
         self.sp_rng_seed = self.server_args.random_seed or 0
         self.sp_last_log = time.monotonic()
+        # Removed requests whose KV is freed once their in-flight rows have drained.
         self.sp_finished_waiting_drain: Dict[str, Req] = {}
+        self.sp_retracted_waiting_drain: Dict[str, Req] = {}
 
     # ------------------------------------------------------------------ event loop
     @DynamicGradMode()
@@ -428,8 +430,8 @@ class SpexisScheduler(Scheduler):
             retracted.add(req.rid)
             shortfall -= 1 + max(0, req.kv.kv_allocated_len - req.kv_committed_len)
             shortfall -= req.kv_committed_len  # freed once its rows have drained
-            req.spexis_retracted = True
             self.sp.remove(req.rid)
+            self.sp_retracted_waiting_drain[req.rid] = req
             logger.info("Spexis: KV cache pool is full, retracting request %s", req.rid)
         return [(r, row) for r, row in plans if r.rid not in retracted]
 
@@ -511,20 +513,18 @@ class SpexisScheduler(Scheduler):
         """Free the KV of finished / retracted requests whose in-flight rows have all returned."""
         for rid in self.sp.pop_drained():
             req = self.sp_finished_waiting_drain.pop(rid, None)
-            retracted = req is None
-            if retracted:
-                req = next((r for r in self.sp_running_batch.reqs if r.rid == rid), None)
+            if req is not None:
+                self._sp_free_unverified_slots(req)
+                release_kv_cache(req, self.tree_cache)
+                req.time_stats.set_completion_time()
+            else:
+                req = self.sp_retracted_waiting_drain.pop(rid, None)
                 if req is None:
                     continue
-            self._sp_free_unverified_slots(req)
-            if retracted:
-                self.sp_running_batch.reqs = [r for r in self.sp_running_batch.reqs if r is not req]
+                self._sp_free_unverified_slots(req)
                 release_kv_cache(req, self.tree_cache, is_insert=False)
                 req.reset_for_retract()
                 self._add_request_to_queue(req, is_retracted=True)
-            else:
-                release_kv_cache(req, self.tree_cache)
-                req.time_stats.set_completion_time()
             self.sp_running_batch.batch_is_full = False
 
     def _sp_free_unverified_slots(self, req: Req) -> None:

@@ -1,0 +1,68 @@
+"""Tiny random Llama models made on the fly (SmolLM2's tokenizer, a few MB of weights)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from spexis_sglang.default_model import ensure_default_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def make_tiny_llama(
+    out_dir: str,
+    num_layers: int = 8,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    live_tokens: int = 0,
+    logit_scale: float = 1.5,
+    seed: int = 0,
+) -> str:
+    """Save a random ``LlamaForCausalLM`` with the default model's tokenizer in ``out_dir``.
+
+    ``live_tokens > 0`` concentrates the output distribution on that many token ids (the
+    other LM-head rows are zero and the live ones scaled), so a sampling test can count
+    next-token frequencies over a handful of outcomes ("a tiny vocabulary").
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        return out_dir
+    src = ensure_default_model()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rope_theta=10000.0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    if live_tokens:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(seed + 1)
+            live = torch.randperm(config.vocab_size, generator=g)[:live_tokens] + 0
+            live = live[live > 2]
+            w = model.lm_head.weight
+            # |h| ~ sqrt(hidden) after the final norm, so live logits ~ N(0, logit_scale^2)
+            rows = w[live].clone() * logit_scale / w[live].norm(dim=-1, keepdim=True)
+            w.zero_()
+            w[live] = rows
+            emb = model.model.embed_tokens.weight
+            emb[live] = emb[live] * 4
+    model.save_pretrained(out_dir)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), out_dir)
+    return out_dir
