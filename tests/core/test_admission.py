@@ -79,6 +79,8 @@ def test_gain_refinements() -> None:
         gain(10, 1, 0.0, 1, [])
     with pytest.raises(ValueError, match="exceeds"):
         gain(10, 1, 2.0, 1, [6, 6])
+    # aggr decoding nothing at all (finished requests overlapping the waits)
+    assert gain(10, 1, 2.0, 3, [10], finished_iters=10.0) == float("inf")
 
 
 # ----------------------------------------------------------------- explicit simulation

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -89,6 +89,10 @@ def gain(
     wait = min(float(i_delay), float(period))
     tok_delay = base - wait
     t_delay = period + ((pdr - 1.0) if i_delay < period else 0.0)
+    if tok_aggr <= 0.0:
+        # Degenerate (possible only with finished_iters overlapping the waits): aggr
+        # decodes nothing in the period, so delaying cannot be worse.
+        return float("inf") if tok_delay > 0.0 else 1.0
     return (tok_delay / t_delay) / (tok_aggr / t_aggr)
 
 
@@ -133,51 +137,73 @@ _FITS, _GAIN, _FCFS = 0, 1, 2
 _REASONS = ("fits", "gain", "fcfs")
 
 
-@dataclass
 class AdmissionPlan:
     """Admission decisions for a queue, as arrays (index = position in the queue).
 
     ``admit_now`` is what the scheduler acts on; with FCFS the admitted requests always form
     a prefix of the queue, so ``num_admit_now`` requests are admitted from the head.
     Indexing or iterating gives :class:`AdmissionDecision` objects.
+
+    Everything that decides this iteration (``admit_now``, ``gain``, ``evictions``,
+    ``reason_code``, ``forecasts``) is computed by :meth:`AdmissionPlanner.decide`. The
+    future slots of requests queued behind a delayed one (``delay_iters`` and
+    ``eviction_free_delay`` where ``reason == "fcfs"``) are computed exactly, but only on
+    first access, so a scheduler that reads only ``admit_now`` does not pay for them.
     """
 
-    #: admit this request now
-    admit_now: np.ndarray
-    #: when to admit: 0 = now, k = in k iterations, -1 = not within the horizon
-    delay_iters: np.ndarray
-    #: first iteration (from now) at which admission evicts nobody, -1 = none in horizon
-    eviction_free_delay: np.ndarray
-    #: G where the aggr-vs-delay trade-off was evaluated, NaN elsewhere
-    gain: np.ndarray
-    #: expected evictions if admitted now (where evaluated)
-    evictions: np.ndarray
-    #: 0 = fits, 1 = gain, 2 = fcfs (see ``reason``)
-    reason_code: np.ndarray
-    #: eviction forecasts by queue index, where evaluated
-    forecasts: dict[int, EvictionForecast] = field(default_factory=dict)
+    __slots__ = (
+        "admit_now",
+        "gain",
+        "evictions",
+        "reason_code",
+        "forecasts",
+        "_delay",
+        "_free",
+        "_pending",
+    )
 
-    @classmethod
-    def empty(cls, n: int) -> AdmissionPlan:
-        return cls(
-            admit_now=np.zeros(n, dtype=bool),
-            delay_iters=np.full(n, -1, dtype=np.int64),
-            eviction_free_delay=np.full(n, -1, dtype=np.int64),
-            gain=np.full(n, np.nan),
-            evictions=np.zeros(n, dtype=np.int64),
-            reason_code=np.full(n, _FCFS, dtype=np.int8),
-        )
+    def __init__(self, n: int) -> None:
+        #: admit this request now
+        self.admit_now = np.zeros(n, dtype=bool)
+        #: G where the aggr-vs-delay trade-off was evaluated, NaN elsewhere
+        self.gain = np.full(n, np.nan)
+        #: expected evictions if admitted now (where evaluated)
+        self.evictions = np.zeros(n, dtype=np.int64)
+        #: 0 = fits, 1 = gain, 2 = fcfs (see ``AdmissionDecision.reason``)
+        self.reason_code = np.full(n, _FCFS, dtype=np.int8)
+        #: eviction forecasts by queue index, where evaluated
+        self.forecasts: dict[int, EvictionForecast] = {}
+        self._delay = np.full(n, -1, dtype=np.int64)
+        self._free = np.full(n, -1, dtype=np.int64)
+        self._pending: Callable[[], None] | None = None
+
+    @property
+    def delay_iters(self) -> np.ndarray:
+        """When to admit: 0 = now, k = in k iterations, -1 = not within the horizon."""
+        self._settle()
+        return self._delay
+
+    @property
+    def eviction_free_delay(self) -> np.ndarray:
+        """First iteration (from now) at which admission evicts nobody; -1 = none in horizon."""
+        self._settle()
+        return self._free
+
+    def _settle(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
 
     def _fits(self, start: int, stop: int) -> None:
         self.admit_now[start:stop] = True
-        self.delay_iters[start:stop] = 0
-        self.eviction_free_delay[start:stop] = 0
+        self._delay[start:stop] = 0
+        self._free[start:stop] = 0
         self.reason_code[start:stop] = _FITS
 
     def _gain(self, j: int, admit: bool, free: int | None, g: float, fc: EvictionForecast) -> None:
         self.admit_now[j] = admit
-        self.delay_iters[j] = 0 if admit else (-1 if free is None else free)
-        self.eviction_free_delay[j] = -1 if free is None else free
+        self._delay[j] = 0 if admit else (-1 if free is None else free)
+        self._free[j] = -1 if free is None else free
         self.gain[j] = g
         self.evictions[j] = len(fc.evictions)
         self.reason_code[j] = _GAIN
@@ -209,8 +235,11 @@ class AdmissionPlan:
             forecast=self.forecasts.get(k),
         )
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[AdmissionDecision]:
         return (self[k] for k in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"AdmissionPlan({len(self)} waiting, {self.num_admit_now} admitted now)"
 
 
 class AdmissionPlanner:
@@ -431,7 +460,7 @@ class AdmissionPlanner:
         if wt.ndim != 1 or (wt.size and (wt.min() < 0 or not np.isfinite(wt.sum()))):
             raise ValueError("waiting_tokens must be a 1-D array of finite values >= 0")
         n_wait = wt.size
-        plan = AdmissionPlan.empty(n_wait)
+        plan = AdmissionPlan(n_wait)
         if n_wait == 0:
             return plan
         full = model.project_rows(ln, rows)
@@ -456,13 +485,31 @@ class AdmissionPlanner:
         j, slack, d_min = self._tradeoff(plan, j, slack, wt, ln, rows, order, fin_iters)
         if j >= n_wait:
             return plan
-        # 3. FCFS queue behind a delayed request: the head's first eviction-free slot,
-        # then every following request that fits there as well takes the same slot.
+        # 3. FCFS queue behind a delayed request: exact future slots, computed on first
+        # access of plan.delay_iters / eviction_free_delay (nothing here decides now).
+        plan._pending = lambda: self._plan_queue(plan, j, slack, d_min, wt, cum)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("admission: %d waiting, %d admitted now", n_wait, plan.num_admit_now)
+        return plan
+
+    def _plan_queue(
+        self,
+        plan: AdmissionPlan,
+        j: int,
+        slack: np.ndarray,
+        d_min: int,
+        wt: np.ndarray,
+        cum: np.ndarray,
+    ) -> None:
+        """Step 3 of :meth:`decide`: for each request from ``j`` on, its first eviction-free
+        slot no earlier than its predecessor's, with the predecessors' memory reserved. The
+        head's slot comes from :meth:`_delay_slot`; every following request that fits there
+        as well takes the same slot. Cost O(distinct slots), at most the horizon."""
+        n_wait = wt.size
         h = self._h
-        eg_full = model.expected_generated
         csum_all = np.concatenate(([0.0], cum))
         block = min(16, n_wait - j)
-        grow = self._counts(block) * eg_full[None, 1:]  # grow[c-1, k-1] = c * E[G_k]
+        grow = self._counts(block) * self.model.expected_generated[None, 1:]  # c * E[G_k]
         while j < n_wait:
             d = self._delay_slot(slack[1:], float(wt[j]), d_min)
             if d is None:
@@ -473,14 +520,11 @@ class AdmissionPlanner:
             excess = (csum_all[j + 1 : j + k_n + 1] - csum_all[j])[:, None] + grow[:k_n, :lag]
             bad = ((excess - slack[None, d:]).max(axis=1) > 0.0).nonzero()[0]
             m = int(bad[0]) if bad.size else k_n  # bad[0] >= 1: request j alone fits at d
-            plan.delay_iters[j : j + m] = d - 1
-            plan.eviction_free_delay[j : j + m] = d - 1
+            plan._delay[j : j + m] = d - 1
+            plan._free[j : j + m] = d - 1
             slack[d:] -= excess[m - 1]
             d_min = d
             j += m
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("admission: %d waiting, %d admitted now", n_wait, plan.num_admit_now)
-        return plan
 
     def _tradeoff(
         self,
