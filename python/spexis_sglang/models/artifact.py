@@ -1,0 +1,211 @@
+"""Artifact directories (``config.json`` + ``model.safetensors``) and base-model fingerprints.
+
+An artifact is only meaningful on the base model it was trained for: the draft head reuses that
+model's LM head and reads one layer's residual stream, and the length predictor reads the same
+stream. So every artifact records the base model's name and a fingerprint of its
+architecture-defining fields, and loading compares them with the running model, naming the
+first field that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT_VERSION = 1
+
+# Fields that define the architecture a head depends on. Order is the order errors check them.
+FINGERPRINT_FIELDS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "rope_theta",
+    "rope_type",
+    "rms_norm_eps",
+)
+
+
+class ArtifactMismatchError(ValueError):
+    """The artifact was trained for a different base model (or is malformed)."""
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    if isinstance(cfg, Mapping):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def architecture_fields(base_config: Any) -> dict[str, Any]:
+    """The fingerprinted fields of a base config (an HF config object or its ``to_dict()``).
+
+    Handles transformers 5 (``rope_parameters``) and 4 (``rope_theta`` / ``rope_scaling``).
+    """
+    hidden = int(_get(base_config, "hidden_size"))
+    heads = int(_get(base_config, "num_attention_heads"))
+    kv_heads = _get(base_config, "num_key_value_heads") or heads
+    head_dim = _get(base_config, "head_dim") or hidden // heads
+    rope = _get(base_config, "rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        rope = dict(rope)
+    scaling = _get(base_config, "rope_scaling") or {}
+    rope_theta = rope.get("rope_theta", _get(base_config, "rope_theta", 10000.0))
+    rope_type = (
+        rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    )
+    eps = _get(base_config, "rms_norm_eps", 1e-6)
+    return {
+        "model_type": str(_get(base_config, "model_type", "")),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(_get(base_config, "num_hidden_layers")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": int(head_dim),
+        "vocab_size": int(_get(base_config, "vocab_size")),
+        "rope_theta": float(rope_theta),
+        "rope_type": str(rope_type),
+        # float32 round trip so a config that stores 1e-5 as 9.9999997e-06 matches
+        "rms_norm_eps": float(torch.tensor(float(eps), dtype=torch.float32).item()),
+    }
+
+
+def base_fingerprint(base_config: Any) -> str:
+    """sha256 of the canonical JSON of :func:`architecture_fields`."""
+    fields = architecture_fields(base_config)
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class ArtifactConfig:
+    """What ``config.json`` holds. ``extra`` keeps kind-specific settings and training metadata."""
+
+    kind: str  # "draft_head" | "length_predictor"
+    base_model: str
+    base_fingerprint: str
+    base_architecture: dict[str, Any]
+    hidden_size: int
+    exit_layer: int
+    weights_dtype: str = "float16"
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ArtifactConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [
+            n for n in ("kind", "base_fingerprint", "hidden_size", "exit_layer") if n not in data
+        ]
+        if missing:
+            raise ArtifactMismatchError(f"artifact config.json lacks field(s) {missing}")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def check_compatible(
+    cfg: ArtifactConfig,
+    base_config: Any,
+    *,
+    expected_kind: str,
+    exit_layer: int | None = None,
+    where: str = "artifact",
+) -> None:
+    """Raise :class:`ArtifactMismatchError` naming the field, the artifact's and the base's value."""
+    if cfg.kind != expected_kind:
+        raise ArtifactMismatchError(f"{where}: kind is {cfg.kind!r}, expected {expected_kind!r}")
+    if cfg.format_version > FORMAT_VERSION:
+        raise ArtifactMismatchError(
+            f"{where}: format_version {cfg.format_version} is newer than supported ({FORMAT_VERSION})"
+        )
+    base = architecture_fields(base_config)
+    if cfg.base_fingerprint != base_fingerprint(base_config):
+        for name in FINGERPRINT_FIELDS:
+            mine = cfg.base_architecture.get(name)
+            if mine != base[name]:
+                raise ArtifactMismatchError(
+                    f"{where} does not match the base model: field {name!r} is {mine!r} in the "
+                    f"artifact (trained on {cfg.base_model!r}) but {base[name]!r} in the base model"
+                )
+        raise ArtifactMismatchError(
+            f"{where} does not match the base model: fingerprint {cfg.base_fingerprint[:12]} "
+            f"(artifact) != {base_fingerprint(base_config)[:12]} (base model)"
+        )
+    if cfg.hidden_size != base["hidden_size"]:
+        raise ArtifactMismatchError(
+            f"{where}: field 'hidden_size' is {cfg.hidden_size} in the artifact but "
+            f"{base['hidden_size']} in the base model"
+        )
+    if not 0 < cfg.exit_layer <= base["num_hidden_layers"]:
+        raise ArtifactMismatchError(
+            f"{where}: exit_layer {cfg.exit_layer} is outside 1..{base['num_hidden_layers']}"
+        )
+    if exit_layer is not None and exit_layer != cfg.exit_layer:
+        raise ArtifactMismatchError(
+            f"{where}: field 'exit_layer' is {cfg.exit_layer} in the artifact but the server's "
+            f"stage 0 ends after layer {exit_layer}"
+        )
+
+
+def save_artifact(
+    path: str, cfg: ArtifactConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype
+) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (weights cast to ``dtype``)."""
+    os.makedirs(path, exist_ok=True)
+    cfg.weights_dtype = str(dtype).replace("torch.", "")
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+    save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"kind": cfg.kind})
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        f.write(cfg.to_json())
+
+
+def read_artifact(path: str) -> tuple[ArtifactConfig, dict[str, torch.Tensor]]:
+    """Read an artifact directory; weights stay in their stored dtype."""
+    cfg_path = os.path.join(path, CONFIG_FILE)
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    for p in (cfg_path, weights_path):
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"artifact directory {path!r} has no {os.path.basename(p)}")
+    with open(cfg_path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ArtifactMismatchError(f"{cfg_path} is not valid JSON: {e}") from e
+    return ArtifactConfig.from_dict(data), load_file(weights_path)
+
+
+def load_state_strict(
+    module: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str
+) -> None:
+    """Like ``load_state_dict(strict=True)`` but with shape errors that say which artifact."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ArtifactMismatchError(
+            f"{where}: weights do not fit the module (missing {missing}, unexpected {unexpected})"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ArtifactMismatchError(
+                f"{where}: tensor {name!r} has shape {tuple(tensor.shape)} in the artifact but "
+                f"{tuple(own[name].shape)} in the module"
+            )
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})

@@ -1,0 +1,107 @@
+"""Command line: ``python -m spexis_sglang.train [options] {collect,train-draft,train-length,calibrate,evaluate,export,all}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from spexis_sglang.train import pipeline
+
+STEPS = {
+    "prompts": pipeline.step_prompts,
+    "collect": pipeline.step_collect,
+    "train-draft": pipeline.step_train_draft,
+    "train-length": pipeline.step_train_length,
+    "calibrate": pipeline.step_calibrate,
+    "evaluate": pipeline.step_evaluate,
+    "export": pipeline.step_export,
+    "all": pipeline.step_all,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spexis_sglang.train",
+        description="Collect self-distillation data from the base model, train the Spexis draft heads and "
+        "length predictor, calibrate, evaluate (benchmark/results/quality.*) and export artifacts.",
+    )
+    p.add_argument(
+        "step", choices=sorted(STEPS), help="pipeline step ('all' runs every step in order)"
+    )
+    p.add_argument(
+        "--preset",
+        default="cpu",
+        choices=sorted(pipeline.PRESETS),
+        help="size preset (default: cpu)",
+    )
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="base model directory (default: the bundled SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="collected data and checkpoints (default: ~/.cache/spexis/train/<preset>)",
+    )
+    p.add_argument(
+        "--artifact-dir", default=None, help="where export writes draft-exit*/ and length/"
+    )
+    p.add_argument(
+        "--results-dir", default=None, help="where evaluate writes quality.json/.md/_fig9.png"
+    )
+    p.add_argument(
+        "--results-stem", default=None, help="file name stem of the report (default: quality)"
+    )
+    p.add_argument(
+        "--prompts-file",
+        default=None,
+        help="prompt sets frozen by the 'prompts' step (collect then needs no data packages)",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda (preset default)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 2)")
+    p.add_argument(
+        "--exits",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=None,
+        help="draft-head exit layers, e.g. 15,7",
+    )
+    p.add_argument("--n-train", type=int, default=None)
+    p.add_argument("--n-val", type=int, default=None)
+    p.add_argument("--n-sharegpt-test", type=int, default=None)
+    p.add_argument("--n-eval-per-category", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--draft-epochs", type=int, default=None)
+    p.add_argument("--draft-lr", type=float, default=None)
+    p.add_argument("--length-epochs", type=int, default=None)
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    overrides = {k: v for k, v in vars(args).items() if k not in ("step", "preset", "verbose")}
+    cfg = pipeline.make_config(args.preset, **overrides)
+    cfg.command = (
+        pipeline.command_line()
+        if argv is None
+        else "python -m spexis_sglang.train " + " ".join(argv)
+    )
+    result = STEPS[args.step](cfg)
+    summary = json.dumps(result, default=str)
+    print(summary if len(summary) < 4000 else summary[:4000] + " ...")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""collect: the base model answers prompts itself; record what the heads train on.
+
+For every prompt the base model generates a greedy answer (batched HF ``generate`` with KV
+cache, chat template applied). The full sequence (prompt + answer) is then run once more,
+teacher-forced, and for every position we record
+
+* ``tokens``: the token id at the position;
+* ``next``: the base model's greedy next token given that prefix (argmax of its logits) -- the
+  token a draft made at this position must equal to be accepted;
+* ``hidden_{L}``: the residual stream after decoder layer ``L`` (HF's
+  ``output_hidden_states[L]``; SGLang's ``hidden_states + residual`` at the end of a stage
+  that ends with layer ``L``), captured by a forward hook on layer ``L-1``;
+* ``final``: the base's last hidden state after its final norm (the LM head's input), so
+  training can distil the base's full next-token distribution without storing logits.
+
+Per sequence we keep the prompt length, the answer length and whether the answer ended with
+EOS (else it was cut at ``max_new_tokens`` and its remaining lengths are censored).
+``next`` on answer positions equals the generated tokens except on floating-point near-ties
+between the cached and the teacher-forced pass; the count is logged and stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from spexis_sglang.data.sources import Prompt
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectConfig:
+    exits: tuple[int, ...] = (7, 15)
+    max_prompt_tokens: int = 1024
+    max_new_tokens: int = 192
+    batch_size: int = 16
+    shard_batches: int = 1  # batches per shard file (a crash loses at most one shard)
+    device: str = "cpu"
+
+
+@dataclass
+class BaseModel:
+    """The HF base model with what collection and evaluation need from it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    config: object
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    name: str
+    path: str = ""
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def final_norm_weight(self) -> torch.Tensor:
+        return self.model.model.norm.weight
+
+
+def load_base_model(path: str, device: str = "cpu", name: str | None = None) -> BaseModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    gen = model.generation_config
+    eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    pad = gen.pad_token_id if gen.pad_token_id is not None else eos_ids[0]
+    return BaseModel(
+        model=model,
+        tokenizer=tok,
+        config=model.config,
+        eos_ids=eos_ids,
+        pad_id=int(pad),
+        name=name or os.path.basename(os.path.normpath(path)),
+        path=path,
+    )
+
+
+def chat_ids(base: BaseModel, messages: list[dict[str, str]]) -> list[int]:
+    out = base.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+@torch.no_grad()
+def generate_greedy(
+    base: BaseModel, prompts: list[list[int]], max_new_tokens: int
+) -> list[tuple[list[int], bool]]:
+    """Greedy answers (left-padded batched ``generate``): (tokens up to and incl. EOS, finished)."""
+    device = next(base.model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), base.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    out = base.model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=list(base.eos_ids),
+        pad_token_id=base.pad_id,
+    )
+    results = []
+    for row in out[:, width:].tolist():
+        answer: list[int] = []
+        finished = False
+        for t in row:
+            answer.append(t)
+            if t in base.eos_ids:
+                finished = True
+                break
+        results.append((answer, finished))
+    return results
+
+
+@torch.no_grad()
+def teacher_forced(
+    base: BaseModel, sequences: list[list[int]], exits: tuple[int, ...], chunk: int = 64
+) -> list[dict[str, torch.Tensor]]:
+    """One right-padded forward over full sequences: next tokens, exit and final hidden states."""
+    device = next(base.model.parameters()).device
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), base.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    captured: dict[int, torch.Tensor] = {}
+    layers = base.model.model.layers
+    handles = []
+    for layer_idx in exits:
+
+        def hook(_mod, _inp, out, layer_idx=layer_idx):
+            captured[layer_idx] = out[0] if isinstance(out, tuple) else out
+
+        handles.append(layers[layer_idx - 1].register_forward_hook(hook))
+    try:
+        out = base.model.model(input_ids=ids.to(device), attention_mask=mask.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    final = out.last_hidden_state
+    w = base.lm_head_weight
+    nxt = torch.empty(final.shape[:2], dtype=torch.long, device=device)
+    for s in range(0, width, chunk):
+        nxt[:, s : s + chunk] = (final[:, s : s + chunk] @ w.t()).argmax(-1)
+    records = []
+    for i, s in enumerate(sequences):
+        n = len(s)
+        rec = {
+            "tokens": ids[i, :n].to(torch.int32),
+            "next": nxt[i, :n].to("cpu", torch.int32),
+            "final": final[i, :n].to("cpu", torch.float16),
+        }
+        for layer_idx in exits:
+            rec[f"hidden_{layer_idx}"] = captured[layer_idx][i, :n].to("cpu", torch.float16)
+        records.append(rec)
+    return records
+
+
+def _prompt_rounds(p: Prompt) -> list[str]:
+    return list(p.followups)
+
+
+def collect(
+    base: BaseModel,
+    prompts: list[Prompt],
+    out_dir: str,
+    cfg: CollectConfig,
+    split_name: str,
+    desc: str | None = None,
+) -> dict:
+    """Generate and record ``prompts`` into ``out_dir`` (shards + ``meta.json``); resumable."""
+    os.makedirs(out_dir, exist_ok=True)
+    done_marker = os.path.join(out_dir, "meta.json")
+    if os.path.isfile(done_marker):
+        with open(done_marker) as f:
+            meta = json.load(f)
+        if meta.get("config") == _jsonable(cfg) and meta.get("n_prompts") == len(prompts):
+            logger.info(
+                "%s already collected (%d sequences); skipping", out_dir, len(meta["sequences"])
+            )
+            return meta
+    # Drop prompts whose (first-round) template is too long; sort by length to limit padding.
+    encoded = []
+    for p in prompts:
+        ids = chat_ids(base, p.chat())
+        if len(ids) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens:
+            encoded.append((p, ids))
+    skipped = len(prompts) - len(encoded)
+    encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
+    batches = [encoded[i : i + cfg.batch_size] for i in range(0, len(encoded), cfg.batch_size)]
+    shards = [batches[i : i + cfg.shard_batches] for i in range(0, len(batches), cfg.shard_batches)]
+    t0 = time.time()
+    sequences_meta: list[dict] = []
+    n_tokens = 0
+    mismatches = 0
+    bar = tqdm(total=len(encoded), desc=desc or f"collect {split_name}", unit="prompt")
+    for shard_idx, shard in enumerate(shards):
+        shard_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors")
+        shard_meta_path = shard_path + ".json"
+        if os.path.isfile(shard_path) and os.path.isfile(shard_meta_path):
+            with open(shard_meta_path) as f:
+                smeta = json.load(f)
+            sequences_meta.extend(smeta)
+            n_tokens += sum(m["length"] for m in smeta)
+            mismatches += sum(m["gen_mismatch"] for m in smeta)
+            bar.update(sum(len(b) for b in shard))
+            continue
+        shard_records: list[dict[str, torch.Tensor]] = []
+        smeta: list[dict] = []
+        for batch in shard:
+            chats = [p.chat() for p, _ in batch]
+            prompt_ids = [ids for _, ids in batch]
+            answers = generate_greedy(base, prompt_ids, cfg.max_new_tokens)
+            # multi-turn: the model's own answer becomes context for the next user turn
+            max_rounds = max(len(p.followups) for p, _ in batch)
+            for r in range(max_rounds):
+                todo = [i for i, (p, _) in enumerate(batch) if len(p.followups) > r]
+                for i in todo:
+                    text = base.tokenizer.decode(answers[i][0], skip_special_tokens=True)
+                    chats[i] = chats[i] + [
+                        {"role": "assistant", "content": text},
+                        {"role": "user", "content": batch[i][0].followups[r]},
+                    ]
+                    prompt_ids[i] = chat_ids(base, chats[i])
+                new = generate_greedy(base, [prompt_ids[i] for i in todo], cfg.max_new_tokens)
+                for i, a in zip(todo, new):
+                    answers[i] = a
+            seqs = [pi + a for pi, (a, _) in zip(prompt_ids, answers)]
+            records = teacher_forced(base, seqs, cfg.exits)
+            for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, answers, records):
+                plen = len(pi)
+                # teacher-forced greedy vs the generated continuation (near-ties only)
+                gen_mismatch = int(
+                    (
+                        rec["next"][plen - 1 : plen - 1 + len(a)]
+                        != torch.tensor(a, dtype=torch.int32)
+                    ).sum()
+                )
+                mismatches += gen_mismatch
+                smeta.append(
+                    {
+                        "uid": p.uid,
+                        "source": p.source,
+                        "category": p.category,
+                        "split": split_name,
+                        "prompt_len": plen,
+                        "answer_len": len(a),
+                        "length": plen + len(a),
+                        "finished": bool(finished),
+                        "rounds": 1 + len(p.followups),
+                        "gen_mismatch": gen_mismatch,
+                    }
+                )
+                shard_records.append(rec)
+                n_tokens += plen + len(a)
+            bar.update(len(batch))
+            bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / max(1e-9, time.time() - t0):.0f}")
+        tensors = {k: torch.cat([r[k] for r in shard_records]) for k in shard_records[0]}
+        save_file(tensors, shard_path)
+        with open(shard_meta_path, "w") as f:
+            json.dump(smeta, f)
+        sequences_meta.extend(smeta)
+    bar.close()
+    meta = {
+        "config": _jsonable(cfg),
+        "n_prompts": len(prompts),
+        "skipped_too_long": skipped,
+        "n_shards": len(shards),
+        "sequences": sequences_meta,
+        "n_tokens": n_tokens,
+        "n_answer_tokens": sum(m["answer_len"] for m in sequences_meta),
+        "gen_mismatches": mismatches,
+        "seconds": time.time() - t0,
+        "base_model": base.name,
+    }
+    with open(done_marker, "w") as f:
+        json.dump(meta, f)
+    logger.info(
+        "collected %s: %d sequences, %d tokens (%d answer tokens), %d generate/teacher-forced "
+        "mismatches, %.0f s",
+        split_name,
+        len(sequences_meta),
+        n_tokens,
+        meta["n_answer_tokens"],
+        mismatches,
+        meta["seconds"],
+    )
+    return meta
+
+
+def _jsonable(cfg: CollectConfig) -> dict:
+    return json.loads(json.dumps(asdict(cfg)))
+
+
+@dataclass
+class Collected:
+    """All sequences of one collected set, concatenated (``offsets[i]`` = start of sequence i)."""
+
+    meta: list[dict]
+    offsets: torch.Tensor
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def sequence(self, i: int, key: str) -> torch.Tensor:
+        s = int(self.offsets[i])
+        return self.tensors[key][s : s + self.meta[i]["length"]]
+
+
+def load_collected(out_dir: str, keys: tuple[str, ...] | None = None) -> Collected:
+    with open(os.path.join(out_dir, "meta.json")) as f:
+        meta = json.load(f)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for shard_idx in range(meta["n_shards"]):
+        t = load_file(os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors"))
+        for k, v in t.items():
+            if keys is None or k in keys:
+                parts.setdefault(k, []).append(v)
+    tensors = {k: torch.cat(v) for k, v in parts.items()}
+    lengths = torch.tensor([m["length"] for m in meta["sequences"]], dtype=torch.long)
+    offsets = torch.zeros_like(lengths)
+    if len(lengths):
+        offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+    return Collected(meta=meta["sequences"], offsets=offsets, tensors=tensors)

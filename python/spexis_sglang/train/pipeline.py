@@ -1,0 +1,588 @@
+"""The training pipeline: collect -> train-draft -> train-length -> calibrate -> evaluate -> export.
+
+Every step reads what the previous ones wrote under ``work_dir`` (default
+``~/.cache/spexis/train/<preset>``), so steps can be re-run one at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from spexis_sglang.data.mix import CATEGORIES, evaluation_mix
+from spexis_sglang.data.splits import deterministic_sample, source_split, training_prompts
+
+logger = logging.getLogger(__name__)
+
+MODEL_ID = "SmolLM2-135M-Instruct"
+ARTIFACT_SUBDIR = "smollm2-135m-instruct"
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+
+
+@dataclass
+class PipelineConfig:
+    preset: str = "cpu"
+    model_path: str = ""
+    model_id: str = MODEL_ID
+    work_dir: str = ""
+    artifact_dir: str = os.path.join(_PKG_DIR, "artifacts", ARTIFACT_SUBDIR)
+    results_dir: str = os.path.join(_REPO_DIR, "benchmark", "results")
+    results_stem: str = "quality"
+    device: str = "cpu"
+    seed: int = 0
+    threads: int = 2
+    exits: tuple[int, ...] = (15, 7)
+    length_exit: int = 15
+    # data
+    n_train: int = 160
+    n_val: int = 32
+    n_sharegpt_test: int = 32
+    n_other_test: int = 0
+    n_eval_per_category: int = 12
+    max_prompt_tokens: int = 768
+    max_new_tokens: int = 96
+    batch_size: int = 32
+    # draft head
+    head_layers: int = 1
+    draft_epochs: int = 4
+    draft_lr: float = 2e-3
+    batch_tokens: int = 4096
+    kl_weight: float = 0.5
+    prompt_loss_weight: float = 0.1
+    # length predictor
+    length_epochs: int = 20
+    length_lr: float = 1e-3
+    target_precision: float = 0.8
+    rank_batch: int = 64
+    prompts_file: str = ""  # read the prompt sets from here instead of the data packages
+    command: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+PRESETS: dict[str, dict] = {
+    # fits this shared 2-core CPU box: ~30 min collect, ~15 min train (a small reproduction)
+    "cpu": dict(
+        n_train=120,
+        n_val=24,
+        n_sharegpt_test=24,
+        n_eval_per_category=8,
+        max_prompt_tokens=512,
+        max_new_tokens=80,
+        batch_size=24,
+    ),
+    # one H200: the shipped artifacts
+    "gpu": dict(
+        device="cuda",
+        threads=8,
+        n_train=5000,
+        n_val=400,
+        n_sharegpt_test=400,
+        n_other_test=200,
+        n_eval_per_category=80,
+        max_prompt_tokens=1536,
+        max_new_tokens=256,
+        batch_size=256,
+        draft_epochs=12,
+        draft_lr=2e-3,
+        batch_tokens=8192,
+        length_epochs=3,
+    ),
+    # unit tests / smoke runs
+    "tiny": dict(
+        n_train=8,
+        n_val=4,
+        n_sharegpt_test=4,
+        n_eval_per_category=1,
+        max_new_tokens=8,
+        batch_size=8,
+        draft_epochs=1,
+        length_epochs=1,
+    ),
+}
+
+
+def make_config(preset: str = "cpu", **overrides) -> PipelineConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    cfg = replace(PipelineConfig(preset=preset), **PRESETS[preset])
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if not cfg.model_path:
+        from spexis_sglang.default_model import ensure_default_model
+
+        cfg.model_path = ensure_default_model()
+    if not cfg.work_dir:
+        from spexis_sglang.default_model import cache_root
+
+        cfg.work_dir = os.path.join(cache_root(), "train", cfg.preset)
+    return cfg
+
+
+def _data_dir(cfg: PipelineConfig, name: str) -> str:
+    return os.path.join(cfg.work_dir, "data", name)
+
+
+def _ckpt(cfg: PipelineConfig, name: str) -> str:
+    return os.path.join(cfg.work_dir, "checkpoints", name)
+
+
+def _timings_path(cfg: PipelineConfig) -> str:
+    return os.path.join(cfg.work_dir, "timings.json")
+
+
+def _record_time(cfg: PipelineConfig, key: str, seconds: float) -> None:
+    path = _timings_path(cfg)
+    t = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            t = json.load(f)
+    t[key] = seconds
+    os.makedirs(cfg.work_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(t, f, indent=1)
+
+
+def _setup(cfg: PipelineConfig) -> None:
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    if cfg.device == "cpu":
+        torch.set_num_threads(max(1, cfg.threads))
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # keep the base's greedy tokens fp32-exact
+        torch.backends.cudnn.allow_tf32 = False
+
+
+_BASE_CACHE: dict = {}
+
+
+def base_model(cfg: PipelineConfig):
+    from spexis_sglang.train.collect import load_base_model
+
+    key = (cfg.model_path, cfg.device)
+    if key not in _BASE_CACHE:
+        _BASE_CACHE.clear()
+        _BASE_CACHE[key] = load_base_model(cfg.model_path, cfg.device, name=cfg.model_id)
+    return _BASE_CACHE[key]
+
+
+def data_sets(cfg: PipelineConfig) -> dict[str, list]:
+    """The prompt sets collect runs, each from fixed seeded splits (or from ``prompts_file``)."""
+    if cfg.prompts_file and os.path.isfile(cfg.prompts_file):
+        return read_prompt_sets(cfg.prompts_file)
+    sets = {
+        "train": training_prompts(cfg.n_train, "train", cfg.seed),
+        "val": training_prompts(cfg.n_val, "val", cfg.seed),
+        "sharegpt_test": deterministic_sample(
+            source_split("sharegpt", "test", cfg.seed),
+            cfg.n_sharegpt_test,
+            cfg.seed,
+            "sharegpt_test",
+        ),
+        "specbench": evaluation_mix(cfg.n_eval_per_category, cfg.seed),
+    }
+    if cfg.n_other_test:
+        other = source_split("arena_hard", "test", cfg.seed) + source_split(
+            "humaneval", "test", cfg.seed
+        )
+        sets["other_test"] = deterministic_sample(other, cfg.n_other_test, cfg.seed, "other_test")
+    return sets
+
+
+def write_prompt_sets(cfg: PipelineConfig, path: str) -> dict[str, int]:
+    """Freeze the prompt sets into one JSON file (to collect on a machine without the data packages)."""
+    sets = data_sets(replace(cfg, prompts_file=""))
+    blob = {name: [asdict(p) for p in prompts] for name, prompts in sets.items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(blob, f)
+    return {k: len(v) for k, v in sets.items()}
+
+
+def read_prompt_sets(path: str) -> dict[str, list]:
+    from spexis_sglang.data.sources import Prompt
+
+    with open(path) as f:
+        blob = json.load(f)
+    out = {}
+    for name, items in blob.items():
+        out[name] = [
+            Prompt(
+                **{
+                    **d,
+                    "messages": tuple(tuple(m) for m in d["messages"]),
+                    "followups": tuple(d["followups"]),
+                }
+            )
+            for d in items
+        ]
+    return out
+
+
+def step_prompts(cfg: PipelineConfig) -> dict:
+    path = cfg.prompts_file or os.path.join(cfg.work_dir, "prompts.json")
+    return {"path": path, "sets": write_prompt_sets(cfg, path)}
+
+
+def step_collect(cfg: PipelineConfig) -> dict:
+    from spexis_sglang.train.collect import CollectConfig, collect
+
+    _setup(cfg)
+    t0 = time.time()
+    base = base_model(cfg)
+    ccfg = CollectConfig(
+        exits=tuple(sorted(set(cfg.exits) | {cfg.length_exit})),
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.batch_size,
+        device=cfg.device,
+    )
+    metas = {}
+    for name, prompts in data_sets(cfg).items():
+        metas[name] = collect(
+            base, prompts, _data_dir(cfg, name), ccfg, name, desc=f"collect {name}"
+        )
+    _record_time(cfg, "collect", time.time() - t0)
+    return {
+        k: {
+            "sequences": len(m["sequences"]),
+            "tokens": m["n_tokens"],
+            "answer_tokens": m["n_answer_tokens"],
+            "gen_mismatches": m["gen_mismatches"],
+            "skipped_too_long": m["skipped_too_long"],
+        }
+        for k, m in metas.items()
+    }
+
+
+def _load(cfg: PipelineConfig, name: str, keys: tuple[str, ...] | None = None):
+    from spexis_sglang.train.collect import load_collected
+
+    path = _data_dir(cfg, name)
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        raise FileNotFoundError(f"{path} has not been collected; run the collect step first")
+    return load_collected(path, keys)
+
+
+def step_train_draft(cfg: PipelineConfig, exits: tuple[int, ...] | None = None) -> dict:
+    from spexis_sglang.train.draft import DraftTrainConfig, new_draft_head, train_draft_head
+
+    _setup(cfg)
+    if cfg.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # training only; targets are already fixed
+    base = base_model(cfg)
+    out = {}
+    for ex in exits or cfg.exits:
+        t0 = time.time()
+        keys = (f"hidden_{ex}", "next", "final")
+        train, val = _load(cfg, "train", keys), _load(cfg, "val", keys)
+        head = new_draft_head(base.config, base.final_norm_weight, cfg.head_layers, cfg.seed)
+        tcfg = DraftTrainConfig(
+            exit_layer=ex,
+            num_layers=cfg.head_layers,
+            epochs=cfg.draft_epochs,
+            lr=cfg.draft_lr,
+            batch_tokens=cfg.batch_tokens,
+            kl_weight=cfg.kl_weight,
+            prompt_loss_weight=cfg.prompt_loss_weight,
+            seed=cfg.seed,
+            device=cfg.device,
+        )
+        head, info = train_draft_head(head, train, val, base.lm_head_weight, tcfg)
+        info["train_tokens"] = int(sum(m["length"] for m in train.meta))
+        info["train_sequences"] = len(train)
+        os.makedirs(_ckpt(cfg, ""), exist_ok=True)
+        torch.save(
+            {"state": head.cpu().state_dict(), "num_layers": cfg.head_layers, "info": info},
+            _ckpt(cfg, f"draft-exit{ex}.pt"),
+        )
+        _record_time(cfg, f"train-draft-exit{ex}", time.time() - t0)
+        out[ex] = info
+    return out
+
+
+def _load_head(cfg: PipelineConfig, ex: int):
+    from spexis_sglang.models.draft_head import DraftHead, DraftHeadConfig
+
+    ck = torch.load(_ckpt(cfg, f"draft-exit{ex}.pt"), map_location="cpu")
+    head = DraftHead(DraftHeadConfig.from_base(base_model(cfg).config, num_layers=ck["num_layers"]))
+    head.load_state_dict(ck["state"])
+    return head.eval(), ck["info"]
+
+
+def step_train_length(cfg: PipelineConfig) -> dict:
+    from spexis_sglang.models.artifact import architecture_fields
+    from spexis_sglang.models.length_predictor import LengthPredictor, LengthPredictorConfig
+    from spexis_sglang.train.length import LengthTrainConfig, length_rows, train_length_predictor
+
+    _setup(cfg)
+    t0 = time.time()
+    base = base_model(cfg)
+    keys = (f"hidden_{cfg.length_exit}",)
+    rows = length_rows(_load(cfg, "train", keys), cfg.length_exit)
+    val = length_rows(_load(cfg, "val", keys), cfg.length_exit)
+    torch.manual_seed(cfg.seed)
+    model = LengthPredictor(
+        LengthPredictorConfig(
+            hidden_size=base.config.hidden_size,
+            rms_norm_eps=architecture_fields(base.config)["rms_norm_eps"],
+        )
+    )
+    model, info = train_length_predictor(
+        model,
+        rows,
+        LengthTrainConfig(
+            exit_layer=cfg.length_exit,
+            epochs=cfg.length_epochs,
+            lr=cfg.length_lr,
+            seed=cfg.seed,
+            device=cfg.device,
+        ),
+        val,
+    )
+    os.makedirs(_ckpt(cfg, ""), exist_ok=True)
+    torch.save({"state": model.cpu().state_dict(), "info": info}, _ckpt(cfg, "length.pt"))
+    _record_time(cfg, "train-length", time.time() - t0)
+    return info
+
+
+def _load_length(cfg: PipelineConfig):
+    from spexis_sglang.models.artifact import architecture_fields
+    from spexis_sglang.models.length_predictor import LengthPredictor, LengthPredictorConfig
+
+    ck = torch.load(_ckpt(cfg, "length.pt"), map_location="cpu")
+    cal_path = _ckpt(cfg, "calibration.json")
+    cutoffs = None
+    if os.path.isfile(cal_path):
+        with open(cal_path) as f:
+            cutoffs = json.load(f)["cutoffs"]
+    lcfg = LengthPredictorConfig(
+        hidden_size=base_model(cfg).config.hidden_size,
+        rms_norm_eps=architecture_fields(base_model(cfg).config)["rms_norm_eps"],
+    )
+    if cutoffs is not None:
+        lcfg.cutoffs = cutoffs
+    model = LengthPredictor(lcfg)
+    model.load_state_dict(ck["state"])
+    return model.eval(), ck["info"]
+
+
+def step_calibrate(cfg: PipelineConfig) -> dict:
+    from spexis_sglang.train.length import calibrate_cutoffs, length_rows, predict_probs
+
+    _setup(cfg)
+    t0 = time.time()
+    model, _ = _load_length(cfg)
+    val = length_rows(_load(cfg, "val", (f"hidden_{cfg.length_exit}",)), cfg.length_exit)
+    probs = predict_probs(model, val, cfg.device)
+    cutoffs, stats = calibrate_cutoffs(probs, val, model.cfg.thresholds, cfg.target_precision)
+    with open(_ckpt(cfg, "calibration.json"), "w") as f:
+        json.dump(
+            {"cutoffs": cutoffs, "validation": stats, "target_precision": cfg.target_precision},
+            f,
+            indent=1,
+        )
+    _record_time(cfg, "calibrate", time.time() - t0)
+    return {"cutoffs": cutoffs, "validation": stats}
+
+
+def step_evaluate(cfg: PipelineConfig) -> dict:
+    from spexis_sglang.train.draft import draft_predictions, new_draft_head
+    from spexis_sglang.train.length import length_rows, precision_recall, predict_probs
+    from spexis_sglang.train.report import (
+        acceptance_by_category,
+        choose_alpha_for,
+        rank_profile,
+        write_report,
+    )
+
+    _setup(cfg)
+    t0 = time.time()
+    base = base_model(cfg)
+    n_layers = base.config.num_hidden_layers
+    results: dict = {
+        "base_model": cfg.model_id,
+        "model_short": "S135",
+        "draft": {},
+        "notes": list(cfg.notes),
+    }
+    eval_keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit})) + ("next",)
+    spec = _load(cfg, "specbench", eval_keys)
+    for ex in cfg.exits:
+        head, info = _load_head(cfg, ex)
+        pred = draft_predictions(head, spec, ex, base.lm_head_weight, cfg.device)
+        lens = new_draft_head(base.config, base.final_norm_weight, cfg.head_layers, cfg.seed)
+        lens_pred = draft_predictions(lens, spec, ex, base.lm_head_weight, cfg.device)
+        prof = rank_profile(
+            pred["confidence"].numpy(),
+            pred["accept"].numpy().astype(float),
+            cfg.rank_batch,
+            seed=cfg.seed,
+        )
+        stages = max(2, round(n_layers / ex))
+        frac = {2: "1/2", 4: "1/4"}.get(stages, f"1/{stages}")
+        results["draft"][f"exit{ex}"] = {
+            "exit_layer": ex,
+            "exit_fraction": frac,
+            "acceptance": acceptance_by_category(pred, spec.meta),
+            "logit_lens": acceptance_by_category(lens_pred, spec.meta),
+            "rank_profile": prof,
+            "alpha": choose_alpha_for(prof["acceptance"], stages, cfg.rank_batch),
+            "mean_confidence": float(pred["confidence"].mean()),
+            "training": {k: v for k, v in info.items() if k != "history"}
+            | {"history": info.get("history")},
+        }
+        logger.info(
+            "exit %d: acceptance %s", ex, results["draft"][f"exit{ex}"]["acceptance"]["avg"]
+        )
+    # length predictor
+    model, linfo = _load_length(cfg)
+    with open(_ckpt(cfg, "calibration.json")) as f:
+        cal = json.load(f)
+    lp = {
+        "exit_layer": cfg.length_exit,
+        "thresholds": list(model.cfg.thresholds),
+        "cutoffs": cal["cutoffs"],
+        "target_precision": cal["target_precision"],
+        "validation": cal["validation"],
+        "eval": {},
+        "training": {k: v for k, v in linfo.items() if k != "history"},
+    }
+    eval_sets = {"ShareGPT": "sharegpt_test", "SpecBench-like": "specbench"}
+    if os.path.isfile(os.path.join(_data_dir(cfg, "other_test"), "meta.json")):
+        eval_sets["ArenaHard+HumanEval"] = "other_test"
+    for label, name in eval_sets.items():
+        data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
+        rows = length_rows(data, cfg.length_exit)
+        probs = predict_probs(model, rows, cfg.device).numpy()
+        y, known = rows.labels(model.cfg.thresholds)
+        lp["eval"][label] = [
+            {
+                "threshold": t,
+                **precision_recall(
+                    probs[:, k], y[:, k].numpy(), known[:, k].numpy(), cal["cutoffs"][k]
+                ),
+            }
+            for k, t in enumerate(model.cfg.thresholds)
+        ]
+    results["length"] = lp
+    timings = {}
+    if os.path.isfile(_timings_path(cfg)):
+        with open(_timings_path(cfg)) as f:
+            timings = json.load(f)
+    timings["evaluate"] = time.time() - t0
+    results["timings"] = timings
+    results["data"] = _data_summary(cfg)
+    results["run"] = {
+        "preset": cfg.preset,
+        "device": cfg.device,
+        "seed": cfg.seed,
+        "command": cfg.command,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("notes",)},
+    }
+    paths = write_report(results, cfg.results_dir, cfg.results_stem)
+    with open(os.path.join(cfg.work_dir, "evaluation.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    _record_time(cfg, "evaluate", time.time() - t0)
+    logger.info("wrote %s", paths)
+    return results
+
+
+def _data_summary(cfg: PipelineConfig) -> dict:
+    out = {}
+    for name in ("train", "val", "sharegpt_test", "specbench", "other_test"):
+        p = os.path.join(_data_dir(cfg, name), "meta.json")
+        if os.path.isfile(p):
+            with open(p) as f:
+                m = json.load(f)
+            fin = sum(s["finished"] for s in m["sequences"])
+            out[name] = (
+                f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
+                f"{fin} ended with EOS, {m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
+                f"{m['skipped_too_long']} prompts skipped as too long"
+            )
+    return out
+
+
+def step_export(cfg: PipelineConfig) -> dict:
+    from spexis_sglang.models.draft_head import load_draft_head, save_draft_head
+    from spexis_sglang.models.length_predictor import load_length_predictor, save_length_predictor
+
+    base = base_model(cfg)
+    ev_path = os.path.join(cfg.work_dir, "evaluation.json")
+    ev = {}
+    if os.path.isfile(ev_path):
+        with open(ev_path) as f:
+            ev = json.load(f)
+    provenance = {
+        "preset": cfg.preset,
+        "seed": cfg.seed,
+        "command": cfg.command,
+        "exported": time.strftime("%Y-%m-%d"),
+    }
+    written = {}
+    for ex in cfg.exits:
+        head, info = _load_head(cfg, ex)
+        d = os.path.join(cfg.artifact_dir, f"draft-exit{ex}")
+        acc = ev.get("draft", {}).get(f"exit{ex}", {})
+        meta = {
+            "training": {
+                k: info.get(k)
+                for k in ("best_val_acceptance", "steps", "train_tokens", "train_sequences")
+            },
+            "acceptance": {k: v["acceptance"] for k, v in acc.get("acceptance", {}).items()},
+            "alpha": (
+                {k: acc.get("alpha", {}).get(k, {}).get("alpha") for k in ("affine", "flat")}
+                if acc
+                else {}
+            ),
+            "provenance": provenance,
+        }
+        save_draft_head(d, head, base.config, cfg.model_id, ex, torch.float16, meta)
+        load_draft_head(d, base.config, exit_layer=ex)  # round trip check
+        written[f"draft-exit{ex}"] = d
+    model, _ = _load_length(cfg)
+    d = os.path.join(cfg.artifact_dir, "length")
+    lp = ev.get("length", {})
+    meta = {
+        "validation": lp.get("validation"),
+        "precision": [s.get("precision") for s in lp.get("validation", [])],
+        "recall": [s.get("recall") for s in lp.get("validation", [])],
+        "target_precision": cfg.target_precision,
+        "provenance": provenance,
+    }
+    save_length_predictor(d, model, base.config, cfg.model_id, cfg.length_exit, torch.float16, meta)
+    load_length_predictor(d, base.config, exit_layer=cfg.length_exit)
+    written["length"] = d
+    sums = []
+    for name, d in sorted(written.items()):
+        for fn in ("config.json", "model.safetensors"):
+            with open(os.path.join(d, fn), "rb") as f:
+                sums.append(f"{hashlib.sha256(f.read()).hexdigest()}  {name}/{fn}")
+    with open(os.path.join(cfg.artifact_dir, "SHA256SUMS"), "w") as f:
+        f.write("\n".join(sums) + "\n")
+    logger.info("exported %s", written)
+    return written
+
+
+def step_all(cfg: PipelineConfig) -> dict:
+    t0 = time.time()
+    out = {"collect": step_collect(cfg)}
+    out["train-draft"] = step_train_draft(cfg)
+    out["train-length"] = step_train_length(cfg)
+    out["calibrate"] = step_calibrate(cfg)
+    _record_time(cfg, "all (before evaluate)", time.time() - t0)
+    out["evaluate"] = step_evaluate(cfg)
+    out["export"] = step_export(cfg)
+    return out
+
+
+def command_line() -> str:
+    return "python -m spexis_sglang.train " + " ".join(sys.argv[1:])
