@@ -114,6 +114,16 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "each iteration, in [0, 1). Default: 0.",
     )
     group.add_argument(
+        "--spexis-benchmark-force-accept",
+        type=float,
+        default=None,
+        metavar="THETA",
+        help="BENCHMARK ONLY: verification accepts each draft with probability THETA "
+        "instead of comparing it with the model's token, for throughput runs on models with "
+        "random weights. Outputs are then not the model's; every output token carries the "
+        "meta_info label 'spexis_benchmark_forced_acceptance'. Needs --load-format dummy.",
+    )
+    group.add_argument(
         "--spexis-log-interval",
         type=float,
         default=10.0,
@@ -135,6 +145,8 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     if head is None:
         if args.spexis_alpha:
             raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
+        if args.spexis_benchmark_force_accept is not None:
+            raise LaunchError("--spexis-benchmark-force-accept needs --spexis-draft-head")
         return SpexisConfig(log_interval=args.spexis_log_interval)
     if server_args.pp_size < 2:
         raise LaunchError(
@@ -168,10 +180,57 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         for name in ("config.json", "model.safetensors"):
             if not os.path.isfile(os.path.join(path, name)):
                 raise LaunchError(f"--spexis-draft-head {head!r}: {name} is missing")
+        check_draft_head_artifact(path, server_args)
         head = path
+    theta = args.spexis_benchmark_force_accept
+    if theta is not None:
+        if not 0.0 <= theta <= 1.0:
+            raise LaunchError(f"--spexis-benchmark-force-accept must be in [0, 1], got {theta}")
+        if server_args.load_format != "dummy":
+            raise LaunchError(
+                "--spexis-benchmark-force-accept makes outputs that are not the model's; it is "
+                "refused unless the weights are random anyway (--load-format dummy)"
+            )
     return SpexisConfig(
-        draft_head=head, alpha=args.spexis_alpha, log_interval=args.spexis_log_interval
+        draft_head=head,
+        alpha=args.spexis_alpha,
+        force_accept=theta,
+        log_interval=args.spexis_log_interval,
     )
+
+
+def check_draft_head_artifact(path: str, server_args) -> None:
+    """Refuse, before any process starts, a head trained for another model or exit layer."""
+    from spexis_sglang.bundled import stage0_end_layer
+    from spexis_sglang.models.artifact import (
+        ArtifactConfig,
+        ArtifactMismatchError,
+        check_compatible,
+    )
+
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = ArtifactConfig.from_dict(json.load(f))
+        with open(os.path.join(server_args.model_path, "config.json")) as f:
+            base = json.load(f)
+        exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
+        check_compatible(
+            cfg,
+            base,
+            expected_kind="draft_head",
+            exit_layer=exit_layer,
+            where=f"--spexis-draft-head {path}",
+        )
+    except ArtifactMismatchError as e:
+        hint = ""
+        if "exit_layer" in str(e):
+            hint = (
+                " (set SGLANG_PP_LAYER_PARTITION so that stage 0 holds exactly the artifact's "
+                "exit layers, or use a head trained for this split)"
+            )
+        raise LaunchError(str(e) + hint) from None
+    except (OSError, ValueError, KeyError) as e:
+        raise LaunchError(f"--spexis-draft-head {path}: unreadable artifact ({e})") from None
 
 
 def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:

@@ -12,11 +12,9 @@ from typing import Dict, List
 import pytest
 import requests
 
-from spexis_sglang.bundled import bundled_draft_head
-
 from .compare import compare_outputs
 from .prompts import lossless_prompts, mt_bench_first_turns, templated
-from .test_sp_lossless import BASELINE, sp_args, spexis_stats
+from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -98,8 +96,8 @@ def run_workload(server, work: List[Dict], concurrent: bool) -> Dict[str, Dict]:
     return results
 
 
-def test_load_outputs_equal_plain_and_server_survives(server_factory, model_dir):
-    head = bundled_draft_head(model_dir, 2)
+def test_load_outputs_equal_plain_and_server_survives(server_factory, model_dir, trained_head):
+    head = trained_head
     baseline = server_factory(BASELINE)
     sp_server = server_factory(sp_args(2, head))
     work = make_workload(model_dir)

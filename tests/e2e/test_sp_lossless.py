@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from typing import Dict, List
 
@@ -42,7 +43,12 @@ def spexis_stats(server) -> Dict[str, float]:
 
 @pytest.fixture(scope="module")
 def trained_head(model_dir) -> str:
-    """The shipped head at the 1/2 exit of SmolLM2 (stage 0 of PP=2)."""
+    """The shipped head at the 1/2 exit of SmolLM2 (stage 0 of PP=2).
+
+    ``SPEXIS_TEST_DRAFT_HEAD`` overrides it (e.g. to try a freshly trained head).
+    """
+    if os.environ.get("SPEXIS_TEST_DRAFT_HEAD"):
+        return os.environ["SPEXIS_TEST_DRAFT_HEAD"]
     try:
         return bundled_draft_head(model_dir, 2)
     except BundledHeadError as e:  # pragma: no cover - the artifact is committed

@@ -45,7 +45,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, PPProxyTensors
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import DynamicGradMode
 
@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 DRAFT_IDS_KEY = "spexis_draft_ids"
 DRAFT_CONF_KEY = "spexis_draft_conf"
 _PLACEHOLDER_TOKEN = 0
+# meta_info key carried by every token produced in the benchmark-only forced-acceptance mode
+FORCED_LABEL = "spexis_benchmark_forced_acceptance"
 
 
 @dataclass
@@ -169,6 +171,19 @@ class SpexisScheduler(Scheduler):
         self.sp_last_log = time.monotonic()
         # Removed requests whose KV is freed once their in-flight rows have drained.
         self.sp_finished_waiting_drain: Dict[str, Req] = {}
+        self.sp_metrics = None
+        if self.sp_rank0 and get_observability().enable_metrics:
+            from spexis_sglang.srt.metrics import SpexisMetrics
+
+            self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
+        if self.spexis_config.force_accept is not None:
+            logger.warning(
+                "Spexis BENCHMARK MODE: verification accepts drafts with probability %.3f "
+                "regardless of the model; outputs are not the model's and are labelled "
+                "'%s' in their meta_info",
+                self.spexis_config.force_accept,
+                FORCED_LABEL,
+            )
         self.sp_retracted_waiting_drain: Dict[str, Req] = {}
 
     # ------------------------------------------------------------------ event loop
@@ -452,6 +467,13 @@ class SpexisScheduler(Scheduler):
         for row, tok, conf in zip(rows, draft_ids, draft_conf):
             self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(conf))
 
+    def _label_forced(self, req: Req) -> None:
+        """Tag every output token so the client sees it came from forced acceptance."""
+        if req.customized_info is None:
+            req.customized_info = {}
+        values = req.customized_info.setdefault(FORCED_LABEL, [])
+        values.extend([self.spexis_config.force_accept] * (len(req.output_ids) - len(values)))
+
     def _forced_accept(self, rid: str, position: int, epoch: int) -> bool:
         theta = self.spexis_config.force_accept
         return random.Random(f"{self.sp_rng_seed}:{rid}:{position}:{epoch}").random() < theta
@@ -485,6 +507,8 @@ class SpexisScheduler(Scheduler):
             self.sp_stats.tokens_committed += 1
             req.kv_committed_len = row.position + 1
             req.output_ids.append(int(y))
+            if force:
+                self._label_forced(req)
             req.time_stats.set_last_decode_finish_time()
             req.update_finish_state(1)
             if req.finished():
@@ -507,6 +531,8 @@ class SpexisScheduler(Scheduler):
                 continue
             verified = len(req.origin_input_ids) + len(req.output_ids)
             self.sp.add(req.rid, verified, int(req.output_ids[-1]))
+            if self.spexis_config.force_accept is not None:
+                self._label_forced(req)
             self.sp_running_batch.reqs.append(req)
 
     def sp_release_drained(self) -> None:
@@ -538,6 +564,8 @@ class SpexisScheduler(Scheduler):
 
     # ------------------------------------------------------------------ observability
     def sp_maybe_log(self) -> None:
+        if self.sp_metrics is not None and self.sp_stats.decode_iterations:
+            self.sp_metrics.update(self.sp_stats.as_dict())
         interval = self.spexis_config.log_interval
         if interval <= 0 or not self.sp_rank0:
             return
@@ -547,7 +575,8 @@ class SpexisScheduler(Scheduler):
         self.sp_last_log = now
         s = self.sp_stats.as_dict()
         logger.info(
-            "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
+            ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
+            + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
             "normal %d, spec %d, stale %d, dropped %d",
             s["acceptance_rate"],
             s["effective_batch_ratio"],

@@ -1,0 +1,81 @@
+"""Spexis' Prometheus metrics (``spexis:*``), exported through SGLang's ``/metrics``.
+
+SGLang sets up multiprocess Prometheus collection when ``--enable-metrics`` is on; metrics
+created in a scheduler process with the scheduler's labels appear next to ``sglang:*``.
+Only stage 0 reports (every rank sees the same verdicts, so one is enough).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+
+class SpexisMetrics:
+    """Counters and gauges fed from :class:`SpexisStats` deltas once per iteration."""
+
+    def __init__(self, labels: Dict[str, str]):
+        from prometheus_client import Counter, Gauge
+
+        self.labels = dict(labels)
+        names = list(self.labels)
+        self.rows = Counter(
+            "spexis:rows",
+            "Decode rows launched, by kind (normal, spec) and rows whose result was stale.",
+            labelnames=names + ["kind"],
+        )
+        self.verdicts = Counter(
+            "spexis:draft_verdicts",
+            "Speculated drafts verified by the last stage, by verdict (accepted, rejected).",
+            labelnames=names + ["verdict"],
+        )
+        self.tokens = Counter(
+            "spexis:tokens_committed", "Verified tokens committed by decode rows.", labelnames=names
+        )
+        self.dropped = Counter(
+            "spexis:drafts_dropped",
+            "Drafts not speculated on by selective speculation.",
+            labelnames=names,
+        )
+        self.acceptance = Gauge(
+            "spexis:acceptance_rate",
+            "Accepted / verified drafts since start.",
+            labelnames=names,
+            multiprocess_mode="mostrecent",
+        )
+        self.effective_batch = Gauge(
+            "spexis:effective_batch",
+            "Committed tokens per decode iteration since start (the paper's B_eff).",
+            labelnames=names,
+            multiprocess_mode="mostrecent",
+        )
+        self.tokens_per_row = Gauge(
+            "spexis:tokens_per_row",
+            "Committed tokens per launched decode row since start (B_eff / B).",
+            labelnames=names,
+            multiprocess_mode="mostrecent",
+        )
+        self._last: Dict[str, float] = {}
+
+    def update(self, stats: Dict[str, float]) -> None:
+        last, self._last = self._last, dict(stats)
+
+        def delta(key: str) -> float:
+            return stats[key] - last.get(key, 0)
+
+        for kind, key in (
+            ("normal", "rows_normal"),
+            ("spec", "rows_spec"),
+            ("stale", "rows_stale"),
+        ):
+            if delta(key):
+                self.rows.labels(**self.labels, kind=kind).inc(delta(key))
+        for verdict in ("accepted", "rejected"):
+            if delta(verdict):
+                self.verdicts.labels(**self.labels, verdict=verdict).inc(delta(verdict))
+        if delta("tokens_committed"):
+            self.tokens.labels(**self.labels).inc(delta("tokens_committed"))
+        if delta("drafts_dropped"):
+            self.dropped.labels(**self.labels).inc(delta("drafts_dropped"))
+        self.acceptance.labels(**self.labels).set(stats["acceptance_rate"])
+        self.effective_batch.labels(**self.labels).set(stats["avg_tokens_per_decode_iteration"])
+        self.tokens_per_row.labels(**self.labels).set(stats["effective_batch_ratio"])

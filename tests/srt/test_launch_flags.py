@@ -1,0 +1,89 @@
+"""Bad ``--spexis-*`` input fails before any process starts, with a message naming the problem."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from spexis_sglang import launch_server
+from spexis_sglang.bundled import ARTIFACTS_DIR, bundled_draft_head
+from spexis_sglang.default_model import ensure_default_model
+
+HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--pp-size", "1", "--spexis-draft-head", "random:0"], "needs --pp-size >= 2"),
+        (["--pp-size", "2", "--spexis-draft-head", "random:x"], "expected random:<integer seed>"),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "/nonexistent/head"],
+            "no such artifact directory",
+        ),
+        (["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "1.5"], "[0, 1)"),
+        (["--pp-size", "2", "--spexis-alpha", "0.2"], "needs --spexis-draft-head"),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", os.path.join(HEADS, "draft-exit7")],
+            "'exit_layer' is 7 in the artifact but the server's stage 0 ends after layer 15",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", os.path.join(HEADS, "length")],
+            "kind is 'length_predictor', expected 'draft_head'",
+        ),
+        (
+            [
+                "--pp-size",
+                "2",
+                "--spexis-draft-head",
+                "bundled",
+                "--spexis-benchmark-force-accept",
+                "0.5",
+            ],
+            "refused unless the weights are random",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--pp-async-batch-depth", "1"],
+            "--pp-async-batch-depth 0",
+        ),
+        (
+            ["--pp-size", "3", "--spexis-draft-head", "bundled"],
+            "no bundled draft head at exit layer 10",
+        ),
+    ],
+)
+def test_bad_spexis_flags_are_refused(argv, message, capsys):
+    assert launch_server.main(["--model-path", ensure_default_model(), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_bundled_head_matches_stage0_of_pp2():
+    path = bundled_draft_head(ensure_default_model(), 2)
+    assert path.endswith("draft-exit15")
+    assert os.path.isfile(os.path.join(path, "model.safetensors"))
+
+
+def test_mismatched_base_model_is_refused(tmp_path, capsys):
+    """A head trained for SmolLM2 on a model with another shape: the field is named."""
+    import json
+    import shutil
+
+    model = tmp_path / "other-model"
+    shutil.copytree(ensure_default_model(), model, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["num_key_value_heads"] = 1
+    (model / "config.json").write_text(json.dumps(cfg))
+    (model / "model.safetensors").write_bytes(b"")
+    argv = [
+        "--model-path",
+        str(model),
+        "--pp-size",
+        "2",
+        "--spexis-draft-head",
+        os.path.join(HEADS, "draft-exit15"),
+    ]
+    assert launch_server.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'num_key_value_heads' is 3 in the artifact" in err and "but 1 in the base" in err, err
