@@ -17,6 +17,7 @@ STEPS = {
     "calibrate": pipeline.step_calibrate,
     "evaluate": pipeline.step_evaluate,
     "export": pipeline.step_export,
+    "check-artifacts": pipeline.step_check_artifacts,
     "all": pipeline.step_all,
 }
 

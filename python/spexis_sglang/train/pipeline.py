@@ -572,6 +572,49 @@ def step_export(cfg: PipelineConfig) -> dict:
     return written
 
 
+def step_check_artifacts(cfg: PipelineConfig) -> dict:
+    """Evaluate the artifacts in ``artifact_dir`` (through the public loaders) on this run's data.
+
+    A cross-check that exported weights work on hidden states computed elsewhere (e.g. the
+    shipped, GPU-trained heads on data collected on this CPU).
+    """
+    from spexis_sglang.models.draft_head import load_draft_head
+    from spexis_sglang.models.length_predictor import load_length_predictor
+    from spexis_sglang.train.draft import draft_predictions
+    from spexis_sglang.train.length import length_rows, precision_recall, predict_probs
+    from spexis_sglang.train.report import acceptance_by_category
+
+    _setup(cfg)
+    base = base_model(cfg)
+    keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit})) + ("next",)
+    spec = _load(cfg, "specbench", keys)
+    out: dict = {"artifact_dir": cfg.artifact_dir, "data": _data_summary(cfg).get("specbench")}
+    for ex in cfg.exits:
+        head, _ = load_draft_head(
+            os.path.join(cfg.artifact_dir, f"draft-exit{ex}"), base.config, exit_layer=ex
+        )
+        pred = draft_predictions(head, spec, ex, base.lm_head_weight, cfg.device)
+        out[f"draft-exit{ex}"] = acceptance_by_category(pred, spec.meta)
+    lp, lcfg = load_length_predictor(
+        os.path.join(cfg.artifact_dir, "length"), base.config, exit_layer=cfg.length_exit
+    )
+    rows = length_rows(spec, cfg.length_exit)
+    probs = predict_probs(lp, rows, cfg.device).numpy()
+    y, known = rows.labels(lp.cfg.thresholds)
+    out["length"] = [
+        {
+            "threshold": t,
+            **precision_recall(
+                probs[:, k], y[:, k].numpy(), known[:, k].numpy(), lp.cfg.cutoffs[k]
+            ),
+        }
+        for k, t in enumerate(lp.cfg.thresholds)
+    ]
+    with open(os.path.join(cfg.work_dir, "artifact_check.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
 def step_all(cfg: PipelineConfig) -> dict:
     t0 = time.time()
     out = {"collect": step_collect(cfg)}
