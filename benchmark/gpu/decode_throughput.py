@@ -1,0 +1,564 @@
+#!/usr/bin/env python3
+"""Decode throughput of SGLang PP=1 / PP=N / TP=N and Spexis SP (N stages) on the GPU machine.
+
+Issue #6. For every model and every configuration the lent machine can hold, this starts one
+``python3 -m spexis_sglang.launch_server`` after another (dummy weights, token-id prompts,
+``--skip-tokenizer-init``), and measures decode at fixed batch sizes:
+
+* each batch size B is sent twice through the ``/generate`` batch API, B fresh random
+  prompts of ``--input-len`` tokens each time, ``ignore_eos``, once with ``--short-output-len``
+  and once with ``--output-len`` new tokens; the difference of the two wall times divided by
+  the difference of the lengths is the time of one decode step of the whole batch
+  (``T_step``; prefill, admission and HTTP costs cancel). Decode throughput is ``B / T_step``;
+  the end-to-end rate ``B * output_len / t_long`` is recorded too;
+* per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
+  PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
+  decode step of a request is N stage intervals of micro-batches of B/N); Spexis SP:
+  ``latency_sp`` ``[B, dt / d(decode_iterations)]`` from the server's Spexis counters
+  (every running request rides every iteration), and the measured acceptance as ``theta``.
+
+Configurations needing more GPUs than present are skipped and listed as "not run"; so are
+those that do not fit in ``--time-budget``. Output under ``--out`` (default ``$OUT``):
+``decode_throughput.json`` (everything), ``profile_<model>_<G>gpu.json`` (planner input, one
+per GPU count with measurements), ``server_logs.tar.gz``; a short table is printed last.
+
+Run it on the GPU machine after the site prefix (``benchmark/gpu/run_single_gpu.sh`` does
+that); ``--dry-run`` prints the plan without starting anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONFIGS = os.path.join(HERE, "configs")
+
+# Required on the offline H200 machines (/work/shared/gpu/README.md §3); keep in sync with
+# common.sh. NVLink-multicast flags are refused (README §4).
+GPU_FLAGS = [
+    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
+    "--mm-feature-transport", "cpu", "--grammar-backend", "none", "--disable-custom-all-reduce",
+]
+FORBIDDEN = ("nvls", "symm-mem", "symm_mem", "mnnvl")
+
+# cumulative counters of /server_info internal_states[0]["spexis"] (deltas are meaningful)
+SP_COUNTERS = ("iterations", "decode_iterations", "rows_normal", "rows_spec", "rows_stale",
+               "tokens_committed", "accepted", "rejected", "drafts_dropped")
+
+MODELS = {
+    "llama-3.1-8b": os.path.join(CONFIGS, "llama-3.1-8b"),
+    "qwen3-8b": os.path.join(CONFIGS, "qwen3-8b"),
+    "smollm2-135m": os.path.join(CONFIGS, "smollm2-135m"),
+    "tiny-llama": os.path.join(CONFIGS, "tiny-llama"),
+}
+
+
+# ----------------------------------------------------------------------------- the plan
+def plan_configs(stages: List[int], thetas: List[float], kinds: List[str]) -> List[Dict[str, Any]]:
+    """Every configuration: name, GPUs needed, launch args, how to read its latency."""
+    out: List[Dict[str, Any]] = []
+    if "pp1" in kinds:
+        out.append({"name": "sglang_pp1", "kind": "pp1", "n": 1, "gpus": 1, "args": []})
+    for n in stages:
+        if "pp" in kinds:
+            out.append({"name": f"sglang_pp{n}", "kind": "pp", "n": n, "gpus": n,
+                        "args": ["--pp-size", str(n)]})
+        if "tp" in kinds:
+            out.append({"name": f"sglang_tp{n}", "kind": "tp", "n": n, "gpus": n,
+                        "args": ["--tp-size", str(n)]})
+        if "sp" in kinds:
+            for th in thetas:
+                out.append({
+                    "name": f"spexis_sp{n}_theta{th:g}", "kind": "sp", "n": n, "gpus": n,
+                    "theta": th,
+                    "args": ["--pp-size", str(n), "--spexis-draft-head", "random:0",
+                             "--spexis-benchmark-force-accept", f"{th:g}",
+                             "--spexis-log-interval", "30"],
+                })
+    return out
+
+
+def count_gpus() -> int:
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return 0
+
+
+def default_stages(gpus: int) -> List[int]:
+    """N = 2 always (listed as not run on one GPU), then powers of two up to G, and G."""
+    s = {2}
+    n = 4
+    while n <= gpus:
+        s.add(n)
+        n *= 2
+    if gpus >= 2:
+        s.add(gpus)
+    return sorted(s)
+
+
+# ----------------------------------------------------------------------------- a server
+class Server:
+    """One launch_server process in its own process group (same session: it dies with the call)."""
+
+    def __init__(self, model_dir: str, args: List[str], port: int, log_path: str, local_cpu: bool):
+        for a in args:
+            if any(f in a for f in FORBIDDEN):
+                raise SystemExit(f"refusing {a!r}: it can enable NVLink multicast")
+        self.base = f"http://127.0.0.1:{port}"
+        self.cmd = [sys.executable, "-m", "spexis_sglang.launch_server",
+                    "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
+                    *([] if local_cpu else GPU_FLAGS), *args]
+        self.log_path = log_path
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.join(REPO, "python") + (
+            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        if env["NCCL_NVLS_ENABLE"] != "0":
+            raise SystemExit("NCCL_NVLS_ENABLE must stay 0")
+        self._log = open(log_path, "a")
+        self._log.write("+ " + " ".join(self.cmd) + "\n")
+        self._log.flush()
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, process_group=0)
+        self.ready_s: Optional[float] = None
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(self.base + "/health_generate", timeout=30) as r:
+                    if r.status == 200:
+                        self.ready_s = time.time() - self.t0
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s")
+
+    def get(self, path: str, timeout: float = 60) -> Any:
+        with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, obj: Any, timeout: float) -> Any:
+        req = urllib.request.Request(self.base + path, data=json.dumps(obj).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this server's group only
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+
+# ----------------------------------------------------------------------------- measuring
+def server_state(srv: Server) -> Dict[str, Any]:
+    info = srv.get("/server_info")
+    st = (info.get("internal_states") or [{}])[0]
+    return {"spexis": st.get("spexis"),
+            "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
+            "max_running_requests": st.get("max_running_requests", info.get("max_running_requests"))}
+
+
+def one_run(srv: Server, rng: random.Random, batch: int, in_len: int, out_len: int,
+            vocab: int, timeout: float) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
+    """B fresh random prompts (no radix-cache reuse between runs), one /generate call."""
+    hi = min(vocab, 32000)
+    prompts = [[rng.randrange(100, hi) for _ in range(in_len)] for _ in range(batch)]
+    body = {"input_ids": prompts,
+            "sampling_params": {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}}
+    before = server_state(srv)["spexis"]
+    t = time.perf_counter()
+    out = srv.post("/generate", body, timeout=timeout)
+    dt = time.perf_counter() - t
+    after = server_state(srv)["spexis"]
+    if isinstance(out, dict):
+        out = [out]
+    lens = [int(o.get("meta_info", {}).get("completion_tokens", len(o.get("output_ids", []))))
+            for o in out]
+    delta = None
+    if before is not None and after is not None:
+        delta = {k: after[k] - before[k] for k in SP_COUNTERS if k in after and k in before}
+    return dt, delta, lens
+
+
+def measure_batch(srv: Server, cfg: Dict[str, Any], batch: int, a: argparse.Namespace,
+                  vocab: int, rng: random.Random) -> Dict[str, Any]:
+    t_s, d_s, lens_s = one_run(srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout)
+    t_l, d_l, lens_l = one_run(srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout)
+    steps = a.output_len - a.short_output_len
+    t_step = (t_l - t_s) / steps
+    rec: Dict[str, Any] = {
+        "batch": batch, "t_short_s": round(t_s, 4), "t_long_s": round(t_l, 4),
+        "outputs_ok": all(x == a.short_output_len for x in lens_s) and len(lens_s) == batch
+        and all(x == a.output_len for x in lens_l) and len(lens_l) == batch,
+        "t_step_s": t_step,
+        "decode_tok_s": batch / t_step if t_step > 0 else None,
+        "e2e_tok_s": batch * a.output_len / t_l,
+    }
+    n = cfg["n"]
+    if cfg["kind"] == "pp":
+        rec["stage_batch"] = batch / n
+        rec["stage_time_s"] = t_step / n
+    if cfg["kind"] == "sp" and d_s is not None and d_l is not None:
+        diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
+        rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731
+        verdicts = d_l.get("accepted", 0) + d_l.get("rejected", 0)
+        rec["sp"] = {
+            "short": d_s, "long": d_l,
+            "d_decode_iterations": diters,
+            "iter_time_s": (t_l - t_s) / diters if diters > 0 else None,
+            "rows_per_iteration": (rows(d_l) - rows(d_s)) / diters if diters > 0 else None,
+            "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
+            "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
+        }
+    return rec
+
+
+def run_config(model: str, model_dir: str, cfg: Dict[str, Any], a: argparse.Namespace,
+               log_dir: str, deadline: float) -> Dict[str, Any]:
+    res: Dict[str, Any] = {"config": cfg["name"], "kind": cfg["kind"], "n": cfg["n"],
+                           "gpus": cfg["gpus"], "theta_forced": cfg.get("theta"), "status": "run",
+                           "batches": [], "skipped_batches": []}
+    with open(os.path.join(model_dir, "config.json")) as f:
+        vocab = int(json.load(f)["vocab_size"])
+    args = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", a.dtype,
+            "--context-length", str(a.context_length),
+            "--max-running-requests", str(max(a.batches)), *cfg["args"]]
+    if a.max_total_tokens:
+        args += ["--max-total-tokens", str(a.max_total_tokens)]
+    else:
+        args += ["--mem-fraction-static", str(a.mem_fraction_static)]
+    args += a.server_arg
+    res["server_args"] = args
+    log = os.path.join(log_dir, f"{model}__{cfg['name']}.log")
+    srv = Server(model_dir, args, a.port, log, a.local_cpu)
+    res["cmd"] = " ".join(srv.cmd)
+    rng = random.Random(1234)
+    try:
+        srv.wait_ready(min(a.health_timeout, max(10.0, deadline - time.time())))
+        res["ready_after_s"] = round(srv.ready_s or 0, 1)
+        res.update({k: v for k, v in server_state(srv).items() if k != "spexis"})
+        one_run(srv, rng, min(8, max(a.batches)), a.input_len, 8, vocab, a.request_timeout)  # warm-up
+        for b in a.batches:
+            left = deadline - time.time()
+            if left < a.min_batch_s:
+                res["skipped_batches"].append({"batch": b, "why": f"time budget ({left:.0f} s left)"})
+                continue
+            try:
+                rec = measure_batch(srv, cfg, b, a, vocab, rng)
+            except Exception as e:  # noqa: BLE001 - record and go on
+                rec = {"batch": b, "error": repr(e)}
+                if srv.proc.poll() is not None:
+                    res["batches"].append(rec)
+                    raise RuntimeError(f"server died at batch {b}") from e
+            res["batches"].append(rec)
+            print(f"  {model} {cfg['name']} B={b}: "
+                  + (f"{rec['decode_tok_s']:.0f} tok/s, step {rec['t_step_s'] * 1e3:.2f} ms"
+                     if rec.get("decode_tok_s") else f"{rec.get('error', 'no result')}"), flush=True)
+    except Exception as e:  # noqa: BLE001
+        res["status"] = "failed"
+        res["error"] = repr(e)
+        res["log_tail"] = srv.tail(40)
+        print(f"  {model} {cfg['name']} FAILED: {e!r}\n{res['log_tail']}", flush=True)
+    finally:
+        srv.stop()
+    return res
+
+
+# ----------------------------------------------------------------------------- profiles
+def _monotone(points: List[Tuple[float, float]]) -> List[List[float]]:
+    """Strictly increasing batches, non-decreasing latency (running max; noise only)."""
+    pts = sorted((b, t) for b, t in points if b > 0 and t and t > 0)
+    out: List[List[float]] = []
+    for b, t in pts:
+        if out and b <= out[-1][0]:
+            continue
+        t = max(t, out[-1][1]) if out else t
+        out.append([int(b) if float(b).is_integer() else round(b, 3), round(t, 6)])
+    return out
+
+
+def latency_table(res: Dict[str, Any]) -> List[List[float]]:
+    pts = []
+    for r in res["batches"]:
+        if r.get("t_step_s") is None or r["t_step_s"] <= 0:
+            continue
+        if res["kind"] == "pp":
+            pts.append((r["stage_batch"], r["stage_time_s"]))
+        elif res["kind"] == "sp":
+            it = (r.get("sp") or {}).get("iter_time_s")
+            if it:
+                pts.append((r["batch"], it))
+        else:
+            pts.append((r["batch"], r["t_step_s"]))
+    return _monotone(pts)
+
+
+def build_profiles(model: str, results: List[Dict[str, Any]], a: argparse.Namespace) -> Dict[int, Dict[str, Any]]:
+    ok = [r for r in results if r["status"] == "run" and latency_table(r)]
+    profiles: Dict[int, Dict[str, Any]] = {}
+    tps = a.input_len + a.output_len
+    for g in sorted({r["gpus"] for r in ok}):
+        configs, theta = [], {}
+        for r in ok:
+            if r["gpus"] != g or r["kind"] == "sp":
+                continue
+            c: Dict[str, Any] = {"pp": r["n"] if r["kind"] == "pp" else 1,
+                                 "tp": r["n"] if r["kind"] == "tp" else 1,
+                                 "latency": latency_table(r),
+                                 "note": f"measured: {r['config']}"}
+            # the server's batch limit: --max-running-requests, or fewer if the KV pool is smaller
+            cap = int(r.get("max_running_requests") or max(a.batches))
+            if r.get("max_total_num_tokens"):
+                cap = min(cap, int(r["max_total_num_tokens"]) // tps)
+                c["note"] += f"; KV pool {r['max_total_num_tokens']} tokens"
+            c["max_batch"] = max(1, cap)
+            if r["kind"] == "pp":
+                sps = [s for s in ok if s["kind"] == "sp" and s["n"] == r["n"]]
+                if sps:
+                    sp = min(sps, key=lambda s: abs((s["theta_forced"] or 0) - 0.76))
+                    c["latency_sp"] = latency_table(sp)
+                    accs = [(b.get("sp") or {}).get("acceptance") for b in sp["batches"]]
+                    accs = [x for x in accs if x is not None]
+                    theta[str(r["n"])] = round(sum(accs) / len(accs), 4) if accs else sp["theta_forced"]
+                    c["note"] += f"; latency_sp from {sp['config']}"
+            configs.append(c)
+        if not configs:
+            continue
+        # the planner needs theta for every pp >= 2 config
+        for c in configs:
+            if c["pp"] >= 2 and str(c["pp"]) not in theta:
+                theta[str(c["pp"])] = 0.0
+                c["note"] += "; no SP run: theta 0 placeholder"
+        p: Dict[str, Any] = {
+            "name": f"{model}-shaped (dummy weights), {g} x H200, measured",
+            "description": (f"benchmark/gpu/decode_throughput.py: input {a.input_len}, output "
+                            f"{a.output_len} tokens, T from the {a.short_output_len}/{a.output_len} "
+                            "difference; SGLang 0.5.17, triton attention, no CUDA graphs"),
+            "num_gpus": g,
+            "tokens_per_seq": tps,
+            "configs": configs,
+        }
+        if theta:
+            p["theta"] = theta
+        profiles[g] = p
+    return profiles
+
+
+def validate_profile(path: str) -> Optional[str]:
+    try:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from spexis_sglang.core.planner import load_profile  # noqa: WPS433
+        load_profile(path)
+        return None
+    except Exception as e:  # noqa: BLE001
+        return repr(e)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=None,
+                   help=f"model config name ({', '.join(MODELS)}) or a config dir; repeatable. "
+                   "Default: llama-3.1-8b")
+    p.add_argument("--num-gpus", type=int, default=None, help="default: nvidia-smi -L count")
+    p.add_argument("--stages", default="auto",
+                   help="N for PP=N / TP=N / SP N stages, comma list; auto = 2, powers of two up "
+                   "to the GPU count, and the GPU count")
+    p.add_argument("--kinds", default="pp1,pp,tp,sp", help="subset of pp1,pp,tp,sp")
+    p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
+    p.add_argument("--batches", default="16,32,64,128,256,512")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--short-output-len", type=int, default=16)
+    p.add_argument("--context-length", type=int, default=2048)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--mem-fraction-static", type=float, default=0.8,
+                   help="same fraction of every GPU's memory for weights + KV in every config")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="instead of --mem-fraction-static: the same KV pool size (tokens) for all")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra launch_server argument (repeat; e.g. --server-arg=--chunked-prefill-size=8192)")
+    p.add_argument("--port", type=int, default=30100)
+    p.add_argument("--health-timeout", type=float, default=420)
+    p.add_argument("--request-timeout", type=float, default=300)
+    p.add_argument("--time-budget", type=float, default=0,
+                   help="seconds for the whole script (0 = none); a server is started only with "
+                   "--min-server-s left, a batch only with --min-batch-s left")
+    p.add_argument("--min-server-s", type=float, default=120)
+    p.add_argument("--min-batch-s", type=float, default=15)
+    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, ".gpu", "out"),
+                   help="output folder (default $OUT); profiles go there too unless --profiles-dir")
+    p.add_argument("--profiles-dir", default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    p.add_argument("--local-cpu", action="store_true",
+                   help="test on a CPU machine: no GPU flags (the launcher's CPU defaults)")
+    a = p.parse_args(argv)
+    a.model = a.model or ["llama-3.1-8b"]
+    a.batches = sorted({int(x) for x in a.batches.split(",") if x})
+    a.thetas = [float(x) for x in a.thetas.split(",") if x]
+    a.kinds = [k for k in a.kinds.split(",") if k]
+    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp"}
+    if bad:
+        p.error(f"--kinds: unknown {sorted(bad)}")
+    if any(not 0 <= t <= 1 for t in a.thetas):
+        p.error("--thetas must be in [0, 1]")
+    if a.short_output_len >= a.output_len or a.short_output_len < 1:
+        p.error("need 1 <= --short-output-len < --output-len")
+    if a.context_length < a.input_len + a.output_len + 8:
+        p.error("--context-length too small for --input-len + --output-len")
+    for x in a.server_arg:
+        if any(f in x for f in FORBIDDEN):
+            p.error(f"refusing {x!r}: NVLink multicast stays off")
+    for m in a.model:
+        if m not in MODELS and not os.path.isfile(os.path.join(m, "config.json")):
+            p.error(f"--model {m!r}: not one of {list(MODELS)} and no config.json there")
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parse_args(argv)
+    t_start = time.time()
+    deadline = t_start + a.time_budget if a.time_budget > 0 else float("inf")
+    gpus = a.num_gpus if a.num_gpus is not None else count_gpus()
+    stages = default_stages(gpus) if a.stages == "auto" else sorted({int(x) for x in a.stages.split(",")})
+    cfgs = plan_configs(stages, a.thetas, a.kinds)
+    os.makedirs(a.out, exist_ok=True)
+    log_dir = os.path.join("/tmp", f"spexis-decode-logs-{os.getpid()}")
+    os.makedirs(log_dir, exist_ok=True)
+    print(f"GPUs: {gpus}; stages {stages}; models {a.model}; batches {a.batches}; "
+          f"in {a.input_len} out {a.output_len}/{a.short_output_len}", flush=True)
+    summary: Dict[str, Any] = {
+        "script": "benchmark/gpu/decode_throughput.py", "argv": sys.argv[1:] if argv is None else argv,
+        "num_gpus": gpus, "stages": stages, "batches": a.batches, "input_len": a.input_len,
+        "output_len": a.output_len, "short_output_len": a.short_output_len,
+        "kv_budget": ({"max_total_tokens": a.max_total_tokens} if a.max_total_tokens
+                      else {"mem_fraction_static": a.mem_fraction_static}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": {}, "not_run": [],
+    }
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        summary["gpu"] = smi.stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        summary["gpu"] = []
+    out_json = os.path.join(a.out, "decode_throughput.json")
+
+    def save() -> None:
+        summary["elapsed_s"] = round(time.time() - t_start, 1)
+        with open(out_json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+    try:
+        for model in a.model:
+            model_dir = MODELS.get(model, model)
+            name = model if model in MODELS else os.path.basename(os.path.normpath(model))
+            results: List[Dict[str, Any]] = []
+            summary["models"][name] = {"config_dir": os.path.relpath(model_dir, REPO), "results": results}
+            for cfg in cfgs:
+                why = None
+                if cfg["gpus"] > gpus:
+                    why = f"needs {cfg['gpus']} GPUs, {gpus} present"
+                elif deadline - time.time() < a.min_server_s:
+                    why = f"time budget ({max(0, deadline - time.time()):.0f} s left)"
+                if why:
+                    summary["not_run"].append({"model": name, "config": cfg["name"], "why": why,
+                                               "args": cfg["args"]})
+                    continue
+                if a.dry_run:
+                    print(f"would run {name} {cfg['name']}: launch_server --model-path {model_dir} "
+                          + " ".join(([] if a.local_cpu else GPU_FLAGS) + cfg["args"]))
+                    continue
+                print(f"== {name} {cfg['name']} ({time.time() - t_start:.0f} s)", flush=True)
+                results.append(run_config(name, model_dir, cfg, a, log_dir, deadline))
+                save()
+            profiles = build_profiles(name, results, a)
+            summary["models"][name]["profiles"] = {}
+            for g, prof in profiles.items():
+                os.makedirs(a.profiles_dir or a.out, exist_ok=True)
+                path = os.path.join(a.profiles_dir or a.out, f"profile_{name}_{g}gpu.json")
+                with open(path, "w") as f:
+                    json.dump(prof, f, indent=1)
+                err = validate_profile(path)
+                summary["models"][name]["profiles"][str(g)] = {"file": os.path.basename(path),
+                                                               "valid": err is None, "error": err,
+                                                               "profile": prof}
+            save()
+    finally:
+        save()
+        if not a.dry_run and os.listdir(log_dir):
+            with tarfile.open(os.path.join(a.out, "server_logs.tar.gz"), "w:gz") as t:
+                t.add(log_dir, arcname="server_logs")
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+    # ---- the table, last
+    print(f"\nwrote {out_json}")
+    for name, m in summary["models"].items():
+        print(f"\n{name}: decode tok/s (ms per decode step), batches {a.batches}")
+        for r in m["results"]:
+            cells = []
+            by_b = {x["batch"]: x for x in r["batches"]}
+            for b in a.batches:
+                x = by_b.get(b)
+                cells.append(f"{x['decode_tok_s']:.0f} ({x['t_step_s'] * 1e3:.1f})"
+                             if x and x.get("decode_tok_s") else "-")
+            extra = ""
+            if r["kind"] == "sp":
+                accs = [(x.get("sp") or {}).get("acceptance") for x in r["batches"]]
+                accs = [v for v in accs if v is not None]
+                if accs:
+                    extra = f" acc {sum(accs) / len(accs):.3f}"
+            print(f"  {r['config']:<24} {r['status']:<6} " + " | ".join(cells) + extra)
+        for g, p in m.get("profiles", {}).items():
+            print(f"  profile {p['file']}: {'valid' if p['valid'] else 'INVALID ' + str(p['error'])}")
+    if summary["not_run"]:
+        print("\nnot run:")
+        for x in summary["not_run"]:
+            print(f"  {x['model']} {x['config']}: {x['why']}")
+    failed = [r for m in summary["models"].values() for r in m["results"] if r["status"] != "run"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
