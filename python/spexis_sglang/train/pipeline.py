@@ -78,6 +78,10 @@ PRESETS: dict[str, dict] = {
         max_prompt_tokens=512,
         max_new_tokens=80,
         batch_size=24,
+        batch_tokens=1024,
+        draft_epochs=4,
+        draft_lr=3e-3,
+        length_epochs=10,
     ),
     # one H200: the shipped artifacts
     "gpu": dict(
@@ -249,7 +253,8 @@ def step_collect(cfg: PipelineConfig) -> dict:
         metas[name] = collect(
             base, prompts, _data_dir(cfg, name), ccfg, name, desc=f"collect {name}"
         )
-    _record_time(cfg, "collect", time.time() - t0)
+    # sum of the sets' own collection times, so a re-run that skips finished sets keeps them
+    _record_time(cfg, "collect", sum(float(m.get("seconds", 0.0)) for m in metas.values()))
     return {
         k: {
             "sequences": len(m["sequences"]),
