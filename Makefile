@@ -5,7 +5,7 @@ PORT ?= 30000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv model serve test test-fast format
+.PHONY: venv model serve serve-plain test test-fast format
 
 venv:
 	@bash scripts/setup_cpu_env.sh
@@ -13,8 +13,12 @@ venv:
 model: venv
 	@$(PY) -m spexis_sglang.default_model
 
-# Serve the bundled SmolLM2-135M-Instruct on CPU with two pipeline stages.
+# Serve the bundled SmolLM2-135M-Instruct on CPU with two pipeline stages and Spexis on.
 serve: model
+	$(PY) -m spexis_sglang.launch_server --pp-size 2 --spexis-draft-head bundled --host 127.0.0.1 --port $(PORT) $(ARGS)
+
+# The same model with plain SGLang PP=2 (the baseline).
+serve-plain: model
 	$(PY) -m spexis_sglang.launch_server --pp-size 2 --host 127.0.0.1 --port $(PORT) $(ARGS)
 
 # The whole test suite (unit + end-to-end against real CPU servers).

@@ -34,18 +34,9 @@ def load_model(model_dir: str):
 
 
 def chat_prompt_ids(model_dir: str, prompts: List[str] = CHAT_PROMPTS) -> List[List[int]]:
-    tok = load_tokenizer(model_dir)
-    return [
-        list(
-            tok.apply_chat_template(
-                [{"role": "user", "content": p}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-        )
-        for p in prompts
-    ]
+    from .prompts import templated
+
+    return templated(model_dir, list(prompts))
 
 
 @torch.no_grad()

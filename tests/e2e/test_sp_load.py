@@ -133,3 +133,27 @@ def test_load_outputs_equal_plain_and_server_survives(server_factory, model_dir,
     assert sp_server.alive()
     prompt = lossless_prompts(model_dir, 1)
     assert sp_server.greedy_ids(prompt, 16) == baseline.greedy_ids(prompt, 16)
+
+
+def test_frontend_dsl_program_same_on_spexis(server_factory, model_dir, trained_head):
+    """An SGLang frontend program (multi-turn gen + select) gives the same result on Spexis."""
+    import sglang as sgl
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=24, temperature=0))
+        s += sgl.user("Is that answer correct? Answer yes or no.")
+        s += sgl.assistant(sgl.select("verdict", choices=["yes", "no"]))
+
+    results = []
+    for server in (server_factory(BASELINE), server_factory(sp_args(2, trained_head))):
+        backend = sgl.RuntimeEndpoint(server.base_url)
+        states = qa.run_batch(
+            [{"question": "What is the capital of France?"}, {"question": "What is 2 + 2?"}],
+            backend=backend,
+        )
+        results.append([(st["answer"], st["verdict"]) for st in states])
+    print("DSL results:", results)
+    assert results[0] == results[1]
+    assert all(v in ("yes", "no") for _, v in results[1])

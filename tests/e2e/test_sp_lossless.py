@@ -95,6 +95,11 @@ def test_effective_batch_matches_eq2(server_factory, model_dir, trained_head):
     assert measured == pytest.approx(predicted, rel=0.05)
 
 
+def tiny_sp_args(pp: int) -> List[str]:
+    """Tiny-model SP server: a deep pipeline, and selective speculation on (alpha relay)."""
+    return sp_args(pp, "random:0", "--spexis-alpha", "0.25")
+
+
 @pytest.fixture(scope="module")
 def tiny_prompts(tiny_model_dir):
     texts = [
@@ -108,7 +113,7 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
     server_factory, tiny_model_dir, tiny_prompts, pp
 ):
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
-    sp_server = server_factory(["--model-path", tiny_model_dir, *sp_args(pp, "random:0")])
+    sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(pp)])
     expected = baseline.greedy_ids(tiny_prompts, 48)
     got = sp_server.greedy_ids(tiny_prompts, 48)
     cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
@@ -116,6 +121,8 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
     assert not cmp.real_mismatches, cmp.summary()
     stats = spexis_stats(sp_server)
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
+    # stage 0's alpha drops reached the other stages (they would desynchronise otherwise)
+    assert stats["drafts_dropped"] > 0
 
 
 def chi2_sf(x: float, dof: int) -> float:
@@ -159,7 +166,7 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
 def test_sampling_distribution_matches_plain(server_factory, tiny_model_dir, tiny_prompts):
     """Temperature 1: the SP server's per-position token frequencies match plain SGLang's."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
-    sp_server = server_factory(["--model-path", tiny_model_dir, *sp_args(4, "random:0")])
+    sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(4)])
     n, steps = 300, 6
     prompt = tiny_prompts[0]
     # top_k=8 over a model whose mass sits on 24 tokens: a tiny vocabulary of outcomes.
