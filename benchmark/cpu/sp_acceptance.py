@@ -1,0 +1,99 @@
+"""Measured acceptance and effective batch of Spexis SP on CPU vs the paper's Eq. 2.
+
+Starts one SP server (the bundled head at stage 0's depth) and runs a steady greedy decode
+(``ignore_eos``, fixed length); reports acceptance Θ, committed tokens per launched row and
+per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
+
+    .venv/bin/python benchmark/cpu/sp_acceptance.py --pp-size 2 --prompts 16 --new-tokens 160 \
+        --out benchmark/results/cpu_sp_acceptance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from spexis_sglang.cpu_support import activate
+
+activate()
+
+import requests  # noqa: E402
+
+from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
+from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
+from spexis_sglang.default_model import ensure_default_model  # noqa: E402
+from spexis_sglang.testing import ServerProcess  # noqa: E402
+
+
+def stats(server) -> dict:
+    return requests.get(server.base_url + "/server_info", timeout=60).json()["internal_states"][0][
+        "spexis"
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pp-size", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=160)
+    ap.add_argument("--alpha", type=float, default=0.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    sys.path.insert(0, ".")
+    from tests.e2e.prompts import lossless_prompts
+
+    model = ensure_default_model()
+    head = bundled_draft_head(model, args.pp_size)
+    server_args = ["--pp-size", str(args.pp_size), "--spexis-draft-head", head]
+    if args.alpha:
+        server_args += ["--spexis-alpha", str(args.alpha)]
+    server = ServerProcess(server_args).wait_ready()
+    try:
+        prompts = lossless_prompts(model, args.prompts)
+        before = stats(server)
+        t0 = time.time()
+        server.greedy_ids(prompts, args.new_tokens)
+        wall = time.time() - t0
+        after = stats(server)
+    finally:
+        server.stop()
+    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], float)}
+    rows = d["rows_normal"] + d["rows_spec"]
+    theta = d["accepted"] / max(1, d["accepted"] + d["rejected"])
+    res = {
+        "command": " ".join(sys.argv),
+        "pp_size": args.pp_size,
+        "alpha": args.alpha,
+        "draft_head": head,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "wall_s": round(wall, 1),
+        "decode_iterations": d["decode_iterations"],
+        "rows_normal": d["rows_normal"],
+        "rows_spec": d["rows_spec"],
+        "rows_stale": d["rows_stale"],
+        "drafts_dropped": d["drafts_dropped"],
+        "accepted": d["accepted"],
+        "rejected": d["rejected"],
+        "acceptance": round(theta, 4),
+        "tokens_committed": d["tokens_committed"],
+        "tokens_per_row_measured": round(d["tokens_committed"] / rows, 4),
+        "tokens_per_row_eq2": round(b_eff_star(1.0, args.pp_size, theta), 4),
+        "tokens_per_iteration": round(d["tokens_committed"] / d["decode_iterations"], 3),
+        "rows_per_iteration": round(rows / d["decode_iterations"], 3),
+    }
+    res["eq2_relative_error"] = round(
+        res["tokens_per_row_measured"] / res["tokens_per_row_eq2"] - 1, 4
+    )
+    print(json.dumps(res, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
