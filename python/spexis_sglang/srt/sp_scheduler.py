@@ -169,6 +169,7 @@ class SpexisScheduler(Scheduler):
         self.sp_iteration = 0
         self.sp_rng_seed = self.server_args.random_seed or 0
         self.sp_last_log = time.monotonic()
+        self.sp_last_logged_iterations = 0
         # Removed requests whose KV is freed once their in-flight rows have drained.
         self.sp_finished_waiting_drain: Dict[str, Req] = {}
         self.sp_metrics = None
@@ -570,9 +571,12 @@ class SpexisScheduler(Scheduler):
         if interval <= 0 or not self.sp_rank0:
             return
         now = time.monotonic()
-        if now - self.sp_last_log < interval or self.sp_stats.decode_iterations == 0:
+        if now - self.sp_last_log < interval:
             return
+        if self.sp_stats.decode_iterations == self.sp_last_logged_iterations:
+            return  # nothing new to say (idle)
         self.sp_last_log = now
+        self.sp_last_logged_iterations = self.sp_stats.decode_iterations
         s = self.sp_stats.as_dict()
         logger.info(
             ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
