@@ -83,7 +83,7 @@ def test_effective_batch_matches_eq2(server_factory, model_dir, trained_head):
     prompts = lossless_prompts(model_dir, 16)
     sp_server = server_factory(sp_args(2, trained_head))
     before = spexis_stats(sp_server)
-    sp_server.greedy_ids(prompts, 160)
+    sp_server.greedy_ids(prompts, 112)
     after = spexis_stats(sp_server)
     d = {k: after[k] - before[k] for k in ("accepted", "rejected", "tokens_committed")}
     rows = (after["rows_normal"] + after["rows_spec"]) - (
