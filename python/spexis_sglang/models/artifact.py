@@ -106,6 +106,27 @@ class ArtifactConfig:
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def for_base(
+        cls,
+        kind: str,
+        base_config: Any,
+        base_model: str,
+        hidden_size: int,
+        exit_layer: int,
+        extra: dict[str, Any],
+    ) -> "ArtifactConfig":
+        """The config of an artifact trained on ``base_config`` (fingerprint and fields filled in)."""
+        return cls(
+            kind=kind,
+            base_model=base_model,
+            base_fingerprint=base_fingerprint(base_config),
+            base_architecture=architecture_fields(base_config),
+            hidden_size=hidden_size,
+            exit_layer=exit_layer,
+            extra=extra,
+        )
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
 

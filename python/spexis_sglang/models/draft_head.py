@@ -49,7 +49,6 @@ from spexis_sglang.models.artifact import (
     ArtifactConfig,
     ArtifactMismatchError,
     architecture_fields,
-    base_fingerprint,
     check_compatible,
     load_state_strict,
     read_artifact,
@@ -285,13 +284,12 @@ def save_draft_head(
     dtype: torch.dtype = torch.float16,
     metadata: dict | None = None,
 ) -> ArtifactConfig:
-    cfg = ArtifactConfig(
-        kind=KIND,
-        base_model=base_model,
-        base_fingerprint=base_fingerprint(base_config),
-        base_architecture=architecture_fields(base_config),
-        hidden_size=head.cfg.hidden_size,
-        exit_layer=exit_layer,
+    cfg = ArtifactConfig.for_base(
+        KIND,
+        base_config,
+        base_model,
+        head.cfg.hidden_size,
+        exit_layer,
         extra={"head": draft_head_config_dict(head.cfg), **(metadata or {})},
     )
     save_artifact(path, cfg, head.state_dict(), dtype)

@@ -30,7 +30,6 @@ from spexis_sglang.models.artifact import (
     ArtifactConfig,
     ArtifactMismatchError,
     architecture_fields,
-    base_fingerprint,
     check_compatible,
     load_state_strict,
     read_artifact,
@@ -92,13 +91,12 @@ def save_length_predictor(
     dtype: torch.dtype = torch.float16,
     metadata: dict | None = None,
 ) -> ArtifactConfig:
-    cfg = ArtifactConfig(
-        kind=KIND,
-        base_model=base_model,
-        base_fingerprint=base_fingerprint(base_config),
-        base_architecture=architecture_fields(base_config),
-        hidden_size=model.cfg.hidden_size,
-        exit_layer=exit_layer,
+    cfg = ArtifactConfig.for_base(
+        KIND,
+        base_config,
+        base_model,
+        model.cfg.hidden_size,
+        exit_layer,
         extra={
             "thresholds": list(model.cfg.thresholds),
             "cutoffs": [float(c) for c in model.cfg.cutoffs],
