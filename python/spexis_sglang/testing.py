@@ -8,6 +8,7 @@ end of its log instead of costing the whole timeout.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -42,7 +43,9 @@ class ServerProcess:
     ):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.args = list(args)
+        # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
+        # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
+        self.args = list(args) + shlex.split(os.environ.get("SPEXIS_TEST_SERVER_ARGS", ""))
         self.log_path = log_path or tempfile.mktemp(
             prefix=f"spexis-server-{self.port}-", suffix=".log"
         )

@@ -44,3 +44,47 @@ def test_forced_acceptance_is_labelled_and_matches_eq2(server_factory, tiny_mode
     predicted = b_eff_star(1.0, 3, theta)
     print(f"N=3 forced theta={theta:.3f}: tokens/row {measured:.4f}, Eq. 2 {predicted:.4f}")
     assert measured == pytest.approx(predicted, rel=0.05)
+
+
+def test_forced_acceptance_per_request_theta(server_factory, tiny_model_dir):
+    """One server sweeps several thetas: ``custom_params.spexis_force_accept`` per request."""
+    import requests
+
+    args = ["--model-path", tiny_model_dir, "--load-format", "dummy"]
+    args += sp_args(3, "random:0", "--spexis-benchmark-force-accept", str(THETA))
+    server = server_factory(args)  # the same server as above
+    prompts = templated(tiny_model_dir, [f"Count to {i}." for i in range(12)])
+    own_theta = 0.25
+    before = spexis_stats(server)
+    out = server.generate(
+        {
+            "input_ids": prompts,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": 120,
+                "ignore_eos": True,
+                "custom_params": {"spexis_force_accept": own_theta},
+            },
+        }
+    )
+    after = spexis_stats(server)
+    for o in out:
+        assert set(o["meta_info"][FORCED_LABEL]) == {own_theta}
+    d = {k: after[k] - before[k] for k in after if isinstance(after[k], (int, float))}
+    verdicts = d["accepted"] + d["rejected"]
+    assert verdicts > 500
+    assert d["accepted"] / verdicts == pytest.approx(own_theta, abs=0.06)
+    # the loop's phase timers add up to no more than its busy time
+    phases = [k for k in d if k.startswith("time_") and k != "time_busy_s"]
+    assert len(phases) == 6 and all(d[k] >= 0 for k in phases)
+    assert 0 < sum(d[k] for k in phases) <= d["time_busy_s"] * 1.001
+
+    bad = requests.post(
+        server.base_url + "/generate",
+        json={
+            "input_ids": prompts[0],
+            "sampling_params": {"max_new_tokens": 4, "custom_params": {"spexis_force_accept": 1.5}},
+        },
+        timeout=120,
+    )
+    assert "spexis_force_accept must be a number in [0, 1], got 1.5" in bad.text

@@ -60,6 +60,9 @@ DRAFT_CONF_KEY = "spexis_draft_conf"
 _PLACEHOLDER_TOKEN = 0
 # meta_info key carried by every token produced in the benchmark-only forced-acceptance mode
 FORCED_LABEL = "spexis_benchmark_forced_acceptance"
+# sampling_params.custom_params key: a request's own forced acceptance (benchmark mode only), so
+# one server sweeps several values of theta without a restart.
+FORCE_ACCEPT_PARAM = "spexis_force_accept"
 
 
 @dataclass
@@ -91,6 +94,15 @@ class SpexisStats:
     accepted: int = 0
     rejected: int = 0
     drafts_dropped: int = 0
+    # Busy wall time of this rank's event loop, split by phase (seconds, cumulative): where an
+    # iteration goes when SP falls short of the cost model (issue #6's overhead breakdown).
+    time_busy_s: float = 0.0
+    time_schedule_s: float = 0.0
+    time_launch_s: float = 0.0
+    time_draft_sync_s: float = 0.0
+    time_wait_output_s: float = 0.0
+    time_process_s: float = 0.0
+    time_send_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -192,9 +204,12 @@ class SpexisScheduler(Scheduler):
     def event_loop_sp(self):
         """Stock ``event_loop_pp`` (same communication choreography), SP batches."""
         self.init_sp_state()
+        clock = time.perf_counter
+        st = self.sp_stats
         while True:
             server_is_idle = True
             for mb_id in range(self.pp_loop_size):
+                t0 = clock()
                 self.running_batch = self.sp_running_batch
                 next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
                 next_mb_id = (mb_id + 1) % self.pp_loop_size
@@ -218,6 +233,7 @@ class SpexisScheduler(Scheduler):
                     self.send_req_work = self._pp_send_pyobj_to_next_stage(
                         list(recv_reqs or []) + [plan_out], async_send=True
                     )
+                t1 = clock()
 
                 if cur_batch:
                     server_is_idle = False
@@ -230,6 +246,7 @@ class SpexisScheduler(Scheduler):
                         }
                 self._pp_commit_comm_work(self.send_proxy_work)
                 result = None
+                t2 = t3 = clock()
                 if cur_batch:
                     result, self.launch_event = self._pp_launch_batch(
                         mb_id,
@@ -238,17 +255,22 @@ class SpexisScheduler(Scheduler):
                         self.mb_metadata,
                         self.last_rank_comm_queue,
                     )
+                    t2 = clock()
                     self.sp_after_launch(cur_batch, result)
+                    t3 = clock()
 
                 next_pp_outputs, next_batch_result, d2h_event = (
                     self._pp_commit_send_output_work_and_preprocess_output_tensors(
                         next_first_rank_mb_id, next_mb_id
                     )
                 )
+                t4 = t5 = clock()
                 if self.mbs[next_mb_id] is not None:
                     d2h_event.synchronize()
+                    t4 = clock()
                     self.sp_process_result(self.mbs[next_mb_id], next_batch_result, next_pp_outputs)
                     self.last_mbs[next_mb_id] = self.mbs[next_mb_id]
+                    t5 = clock()
 
                 if not self.pp_group.is_last_rank and cur_batch:
                     self.device_module.current_stream().wait_event(self.launch_event)
@@ -261,6 +283,16 @@ class SpexisScheduler(Scheduler):
                 self.pp_outputs = next_pp_outputs
                 self.sp_release_drained()
                 self.sp_iteration += 1
+                if cur_batch is not None or self.mbs[next_mb_id] is not None:
+                    t6 = clock()
+                    st.time_busy_s += t6 - t0
+                    st.time_schedule_s += t1 - t0
+                    # the proxy receive (later stages wait for the previous stage) + launch
+                    st.time_launch_s += t2 - t1
+                    st.time_draft_sync_s += t3 - t2
+                    st.time_wait_output_s += t4 - t3
+                    st.time_process_s += t5 - t4
+                    st.time_send_s += t6 - t5
 
             if server_is_idle:
                 self.on_idle()
@@ -468,16 +500,51 @@ class SpexisScheduler(Scheduler):
         for row, tok, conf in zip(rows, draft_ids, draft_conf):
             self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(conf))
 
+    def _forced_theta(self, req: Req) -> float:
+        """The request's forced acceptance: its ``custom_params`` value, else the server's."""
+        custom = req.sampling_params.custom_params or {}
+        theta = custom.get(FORCE_ACCEPT_PARAM, self.spexis_config.force_accept)
+        try:
+            theta = float(theta)
+        except (TypeError, ValueError):
+            theta = -1.0
+        if not 0.0 <= theta <= 1.0:  # rejected on arrival (_add_request_to_queue)
+            return float(self.spexis_config.force_accept)
+        return theta
+
+    def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
+        if not is_retracted and not req.finished():
+            error = self._force_accept_param_error(req)
+            if error:
+                logger.warning("Spexis: aborting request %s: %s", req.rid, error)
+                req.set_finish_with_abort(error)
+        return super()._add_request_to_queue(req, is_retracted=is_retracted)
+
+    def _force_accept_param_error(self, req: Req) -> Optional[str]:
+        """A request's ``custom_params.spexis_force_accept`` is only for the benchmark mode."""
+        custom = req.sampling_params.custom_params or {}
+        if FORCE_ACCEPT_PARAM not in custom:
+            return None
+        if not self.sp_enabled or self.spexis_config.force_accept is None:
+            return (
+                f"custom_params.{FORCE_ACCEPT_PARAM} needs a Spexis SP server started with "
+                "--spexis-benchmark-force-accept"
+            )
+        value = custom[FORCE_ACCEPT_PARAM]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            return f"custom_params.{FORCE_ACCEPT_PARAM} must be a number in [0, 1], got {value!r}"
+        return None
+
     def _label_forced(self, req: Req) -> None:
         """Tag every output token so the client sees it came from forced acceptance."""
         if req.customized_info is None:
             req.customized_info = {}
         values = req.customized_info.setdefault(FORCED_LABEL, [])
-        values.extend([self.spexis_config.force_accept] * (len(req.output_ids) - len(values)))
+        values.extend([self._forced_theta(req)] * (len(req.output_ids) - len(values)))
 
-    def _forced_accept(self, rid: str, position: int, epoch: int) -> bool:
-        theta = self.spexis_config.force_accept
-        return random.Random(f"{self.sp_rng_seed}:{rid}:{position}:{epoch}").random() < theta
+    def _forced_accept(self, req: Req, position: int, epoch: int) -> bool:
+        theta = self._forced_theta(req)
+        return random.Random(f"{self.sp_rng_seed}:{req.rid}:{position}:{epoch}").random() < theta
 
     def sp_process_result(self, batch: ScheduleBatch, result, pp_outputs: PPProxyTensors):
         if getattr(batch, "spexis_kind", None) != "decode":
@@ -493,7 +560,7 @@ class SpexisScheduler(Scheduler):
             req = row.req
             if force and req.rid in self.sp and self.sp.num_unverified(req.rid) > 0:
                 # Benchmark-only: pretend the target agreed with the draft w.p. theta.
-                if self._forced_accept(req.rid, row.position, row.epoch):
+                if self._forced_accept(req, row.position, row.epoch):
                     y = d
                 elif y == d:
                     y = (d + 1) % self.model_config.vocab_size
