@@ -1,5 +1,7 @@
 """Length predictor: shapes, cutoffs, artifact round trip and rejection."""
 
+import json
+
 import pytest
 import torch
 
@@ -79,3 +81,76 @@ def test_round_trip_keeps_cutoffs_and_checks_base(tmp_path):
         from spexis_sglang.models import load_draft_head
 
         load_draft_head(path, BASE)
+
+
+def test_features_round_trip_and_missing_feature_is_a_clear_error(tmp_path):
+    torch.manual_seed(2)
+    cfg = LengthPredictorConfig(
+        hidden_size=64, mlp_hidden=32, features=("tokens_generated", "prompt_len")
+    )
+    m = LengthPredictor(cfg)
+    assert tuple(m.state_dict()["fc_feat.weight"].shape) == (32, 2)
+    h = torch.randn(6, 64)
+    gen = torch.tensor([0, 1, 5, 20, 100, 300])
+    plen = torch.full((6,), 40)
+    p = m.probabilities(h, tokens_generated=gen, prompt_len=plen)
+    # the features change the output (they are not silently dropped)
+    assert not torch.allclose(p, m.probabilities(h, tokens_generated=gen * 0, prompt_len=plen))
+    with pytest.raises(
+        ValueError, match="features \\['tokens_generated', 'prompt_len'\\].*tokens_generated="
+    ):
+        m(h)
+    with pytest.raises(ValueError, match="prompt_len="):
+        m.predict(h, tokens_generated=gen)
+    path = str(tmp_path / "length")
+    save_length_predictor(path, m, BASE, "tiny-llama", exit_layer=2)
+    with open(f"{path}/config.json") as f:
+        extra = json.load(f)["extra"]
+    assert extra["features"] == ["tokens_generated", "prompt_len"]
+    assert extra["feature_transform"] == "log1p"
+    loaded, _ = load_length_predictor(path, BASE, exit_layer=2)
+    assert loaded.cfg.features == ("tokens_generated", "prompt_len")
+    torch.testing.assert_close(
+        loaded.probabilities(h, tokens_generated=gen, prompt_len=plen), p, atol=5e-3, rtol=5e-3
+    )
+    with pytest.raises(ValueError, match="tokens_generated="):
+        loaded.probabilities(h, prompt_len=plen)
+
+
+def test_hidden_only_ignores_features_and_unknown_features_are_rejected():
+    m = LengthPredictor(LengthPredictorConfig(hidden_size=16, mlp_hidden=8))
+    h = torch.randn(3, 16)
+    torch.testing.assert_close(m(h), m(h, tokens_generated=torch.tensor([1, 2, 3])))
+    with pytest.raises(ValueError, match="features must be"):
+        LengthPredictor(LengthPredictorConfig(hidden_size=16, features=("budget_left",)))
+    with pytest.raises(ValueError, match="output must be"):
+        LengthPredictor(LengthPredictorConfig(hidden_size=16, output="softmax"))
+
+
+def test_cumulative_output_is_monotone_across_thresholds(tmp_path):
+    torch.manual_seed(3)
+    m = LengthPredictor(LengthPredictorConfig(hidden_size=64, mlp_hidden=32, output="cumulative"))
+    p = m.probabilities(torch.randn(200, 64) * 3)
+    assert (p[:, 1:] >= p[:, :-1]).all()
+    path = str(tmp_path / "length")
+    save_length_predictor(path, m, BASE, "tiny-llama", exit_layer=2)
+    loaded, _ = load_length_predictor(path, BASE, exit_layer=2)
+    assert loaded.cfg.output == "cumulative"
+
+
+def test_old_format_config_loads_as_hidden_state_only(tmp_path):
+    """Artifacts written before features existed (like the shipped one) have no such fields."""
+    torch.manual_seed(4)
+    m = LengthPredictor(LengthPredictorConfig(hidden_size=64, mlp_hidden=32))
+    path = str(tmp_path / "length")
+    save_length_predictor(path, m, BASE, "tiny-llama", exit_layer=2)
+    with open(f"{path}/config.json") as f:
+        raw = json.load(f)
+    for key in ("features", "feature_transform", "output"):
+        raw["extra"].pop(key)
+    with open(f"{path}/config.json", "w") as f:
+        json.dump(raw, f)
+    loaded, _ = load_length_predictor(path, BASE, exit_layer=2)
+    assert loaded.cfg.features == () and loaded.cfg.output == "independent"
+    h = torch.randn(4, 64)
+    torch.testing.assert_close(loaded.probabilities(h), m.probabilities(h), atol=5e-3, rtol=5e-3)

@@ -57,6 +57,9 @@ def test_length_predictor_loads_with_calibrated_cutoffs():
     assert all(0.0 < c <= 1.0 for c in lp.cfg.cutoffs)
     assert cfg.extra["target_precision"] == 0.8
     assert len(cfg.extra["precision"]) == 5
+    # written before scalar features existed: loads as the paper's hidden-state-only predictor
+    assert "features" not in cfg.extra and lp.cfg.features == ()
+    assert lp.cfg.output == "independent"
 
 
 def test_default_model_config_matches_if_converted():
