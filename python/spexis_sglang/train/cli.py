@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-epochs", type=int, default=None)
     p.add_argument("--draft-lr", type=float, default=None)
     p.add_argument("--length-epochs", type=int, default=None)
+    p.add_argument(
+        "--length-features",
+        type=lambda s: tuple(x for x in s.split(",") if x),
+        default=None,
+        help="length predictor scalar inputs, e.g. tokens_generated,prompt_len ('' = hidden only)",
+    )
+    p.add_argument("--length-output", choices=("independent", "cumulative"), default=None)
+    p.add_argument("--length-mask", choices=("window", "known"), default=None)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 

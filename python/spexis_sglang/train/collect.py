@@ -315,6 +315,7 @@ class Collected:
     meta: list[dict]
     offsets: torch.Tensor
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    max_new_tokens: int | None = None  # the answer cap the set was collected with
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -338,4 +339,10 @@ def load_collected(out_dir: str, keys: tuple[str, ...] | None = None) -> Collect
     offsets = torch.zeros_like(lengths)
     if len(lengths):
         offsets[1:] = torch.cumsum(lengths, 0)[:-1]
-    return Collected(meta=meta["sequences"], offsets=offsets, tensors=tensors)
+    cap = meta.get("config", {}).get("max_new_tokens")
+    return Collected(
+        meta=meta["sequences"],
+        offsets=offsets,
+        tensors=tensors,
+        max_new_tokens=None if cap is None else int(cap),
+    )

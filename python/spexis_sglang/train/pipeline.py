@@ -26,6 +26,12 @@ MODEL_ID = "SmolLM2-135M-Instruct"
 ARTIFACT_SUBDIR = "smollm2-135m-instruct"
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+# the length predictor's recipe (benchmark/results/length_predictor_cpu_study.md)
+# (features are off: no gain on the CPU data; --length-features tokens_generated,prompt_len)
+LENGTH_FEATURES: tuple[str, ...] = ()
+LENGTH_OUTPUT = "cumulative"
+LENGTH_POS_WEIGHT: str | None = None
+LENGTH_MASK = "window"
 
 
 @dataclass
@@ -61,6 +67,13 @@ class PipelineConfig:
     # length predictor
     length_epochs: int = 20
     length_lr: float = 1e-3
+    # scalar inputs besides the hidden state (models.length_predictor.FEATURES); () = paper's
+    length_features: tuple[str, ...] = LENGTH_FEATURES
+    length_output: str = LENGTH_OUTPUT  # "independent" (paper) or "cumulative" (monotone)
+    length_pos_weight: str | None = LENGTH_POS_WEIGHT  # None, "sqrt" or "balanced"
+    # labels that train, calibrate and evaluate: "window" (no censoring bias) or "known"
+    length_mask: str = LENGTH_MASK
+    length_min_predicted: int = 20  # calibration ignores cutoffs predicting fewer val rows
     target_precision: float = 0.8
     rank_batch: int = 64
     prompts_file: str = ""  # read the prompt sets from here instead of the data packages
@@ -82,6 +95,7 @@ PRESETS: dict[str, dict] = {
         draft_epochs=4,
         draft_lr=3e-3,
         length_epochs=10,
+        length_min_predicted=5,  # 17 validation answers, 3 of them ended: few positive rows
     ),
     # one H200: the shipped artifacts
     "gpu": dict(
@@ -338,6 +352,8 @@ def step_train_length(cfg: PipelineConfig) -> dict:
         LengthPredictorConfig(
             hidden_size=base.config.hidden_size,
             rms_norm_eps=architecture_fields(base.config)["rms_norm_eps"],
+            features=tuple(cfg.length_features),
+            output=cfg.length_output,
         )
     )
     model, info = train_length_predictor(
@@ -349,11 +365,22 @@ def step_train_length(cfg: PipelineConfig) -> dict:
             lr=cfg.length_lr,
             seed=cfg.seed,
             device=cfg.device,
+            pos_weight=cfg.length_pos_weight,
+            mask=cfg.length_mask,
         ),
         val,
     )
     os.makedirs(_ckpt(cfg, ""), exist_ok=True)
-    torch.save({"state": model.cpu().state_dict(), "info": info}, _ckpt(cfg, "length.pt"))
+    torch.save(
+        {
+            "state": model.cpu().state_dict(),
+            "info": info,
+            "features": list(model.cfg.features),
+            "output": model.cfg.output,
+            "mask": cfg.length_mask,
+        },
+        _ckpt(cfg, "length.pt"),
+    )
     _record_time(cfg, "train-length", time.time() - t0)
     return info
 
@@ -371,6 +398,8 @@ def _load_length(cfg: PipelineConfig):
     lcfg = LengthPredictorConfig(
         hidden_size=base_model(cfg).config.hidden_size,
         rms_norm_eps=architecture_fields(base_model(cfg).config)["rms_norm_eps"],
+        features=tuple(ck.get("features", ())),  # checkpoints from before features: none
+        output=ck.get("output", "independent"),
     )
     if cutoffs is not None:
         lcfg.cutoffs = cutoffs
@@ -387,10 +416,23 @@ def step_calibrate(cfg: PipelineConfig) -> dict:
     model, _ = _load_length(cfg)
     val = length_rows(_load(cfg, "val", (f"hidden_{cfg.length_exit}",)), cfg.length_exit)
     probs = predict_probs(model, val, cfg.device)
-    cutoffs, stats = calibrate_cutoffs(probs, val, model.cfg.thresholds, cfg.target_precision)
+    cutoffs, stats = calibrate_cutoffs(
+        probs,
+        val,
+        model.cfg.thresholds,
+        cfg.target_precision,
+        min_predicted=cfg.length_min_predicted,
+        mask=cfg.length_mask,
+    )
     with open(_ckpt(cfg, "calibration.json"), "w") as f:
         json.dump(
-            {"cutoffs": cutoffs, "validation": stats, "target_precision": cfg.target_precision},
+            {
+                "cutoffs": cutoffs,
+                "validation": stats,
+                "target_precision": cfg.target_precision,
+                "mask": cfg.length_mask,
+                "min_predicted": cfg.length_min_predicted,
+            },
             f,
             indent=1,
         )
@@ -457,7 +499,11 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "cutoffs": cal["cutoffs"],
         "target_precision": cal["target_precision"],
         "validation": cal["validation"],
+        "features": list(model.cfg.features),
+        "output": model.cfg.output,
+        "mask": cal.get("mask", "known"),
         "eval": {},
+        "eval_known_mask": {},
         "training": {k: v for k, v in linfo.items() if k != "history"},
     }
     eval_sets = {"ShareGPT": "sharegpt_test", "SpecBench-like": "specbench"}
@@ -467,16 +513,17 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
         rows = length_rows(data, cfg.length_exit)
         probs = predict_probs(model, rows, cfg.device).numpy()
-        y, known = rows.labels(model.cfg.thresholds)
-        lp["eval"][label] = [
-            {
-                "threshold": t,
-                **precision_recall(
-                    probs[:, k], y[:, k].numpy(), known[:, k].numpy(), cal["cutoffs"][k]
-                ),
-            }
-            for k, t in enumerate(model.cfg.thresholds)
-        ]
+        for key, mask in (("eval", lp["mask"]), ("eval_known_mask", "known")):
+            y, known = rows.labels(model.cfg.thresholds, mask)
+            lp[key][label] = [
+                {
+                    "threshold": t,
+                    **precision_recall(
+                        probs[:, k], y[:, k].numpy(), known[:, k].numpy(), cal["cutoffs"][k]
+                    ),
+                }
+                for k, t in enumerate(model.cfg.thresholds)
+            ]
     results["length"] = lp
     timings = {}
     if os.path.isfile(_timings_path(cfg)):
@@ -561,6 +608,7 @@ def step_export(cfg: PipelineConfig) -> dict:
         "precision": [s.get("precision") for s in lp.get("validation", [])],
         "recall": [s.get("recall") for s in lp.get("validation", [])],
         "target_precision": cfg.target_precision,
+        "label_mask": lp.get("mask", cfg.length_mask),
         "provenance": provenance,
     }
     save_length_predictor(d, model, base.config, cfg.model_id, cfg.length_exit, torch.float16, meta)

@@ -256,6 +256,16 @@ def render_markdown(r: dict) -> str:
             f"Exit layer {lp['exit_layer']}; cutoffs calibrated on the validation split to precision >= {lp['target_precision']}.",
             "",
         ]
+        if "features" in lp:
+            feats = ", ".join(lp["features"]) or "none (hidden state only)"
+            lines += [
+                f"Inputs: exit-layer hidden state + scalar features: {feats}; output "
+                f"{lp.get('output', 'independent')}; label mask `{lp.get('mask', 'known')}` "
+                "(`window`: per threshold t only rows with tokens generated + t <= answer cap + 1, "
+                "whose label is known whether or not the answer ended; `known`: every row whose "
+                "label is not censored, biased towards answers that ended).",
+                "",
+            ]
         lines.append(
             "| Thresh. | cutoff | " + " | ".join(f"{s} Prec. | {s} Recall" for s in sets) + " |"
         )
