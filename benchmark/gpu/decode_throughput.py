@@ -49,14 +49,40 @@ CONFIGS = os.path.join(HERE, "configs")
 # Required on the offline H200 machines (/work/shared/gpu/README.md §3); keep in sync with
 # common.sh. NVLink-multicast flags are refused (README §4).
 GPU_FLAGS = [
-    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
-    "--mm-feature-transport", "cpu", "--grammar-backend", "none", "--disable-custom-all-reduce",
+    "--attention-backend",
+    "triton",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-cuda-graph",
+    "--mm-feature-transport",
+    "cpu",
+    "--grammar-backend",
+    "none",
+    "--disable-custom-all-reduce",
 ]
 FORBIDDEN = ("nvls", "symm-mem", "symm_mem", "mnnvl")
 
 # cumulative counters of /server_info internal_states[0]["spexis"] (deltas are meaningful)
-SP_COUNTERS = ("iterations", "decode_iterations", "rows_normal", "rows_spec", "rows_stale",
-               "tokens_committed", "accepted", "rejected", "drafts_dropped")
+SP_COUNTERS = (
+    "iterations",
+    "decode_iterations",
+    "rows_normal",
+    "rows_spec",
+    "rows_stale",
+    "tokens_committed",
+    "accepted",
+    "rejected",
+    "drafts_dropped",
+    "time_busy_s",
+    "time_schedule_s",
+    "time_launch_s",
+    "time_draft_sync_s",
+    "time_wait_output_s",
+    "time_process_s",
+    "time_send_s",
+)
+# the custom_params key of a request's own forced acceptance (srt/sp_scheduler.py)
+FORCE_ACCEPT_PARAM = "spexis_force_accept"
 
 MODELS = {
     "llama-3.1-8b": os.path.join(CONFIGS, "llama-3.1-8b"),
@@ -67,27 +93,104 @@ MODELS = {
 
 
 # ----------------------------------------------------------------------------- the plan
-def plan_configs(stages: List[int], thetas: List[float], kinds: List[str]) -> List[Dict[str, Any]]:
-    """Every configuration: name, GPUs needed, launch args, how to read its latency."""
+def plan_configs(
+    stages: List[int], thetas: List[float], kinds: List[str], measured_theta: Optional[float] = None
+) -> List[Dict[str, Any]]:
+    """Every configuration: name, GPUs needed, launch args, how to read its latency.
+
+    One SP server serves every theta: each request carries its own forced acceptance in
+    ``custom_params`` (a server start costs more than a whole batch sweep). The variants of a
+    configuration are measured one after the other on the same server.
+    """
     out: List[Dict[str, Any]] = []
     if "pp1" in kinds:
         out.append({"name": "sglang_pp1", "kind": "pp1", "n": 1, "gpus": 1, "args": []})
     for n in stages:
         if "pp" in kinds:
-            out.append({"name": f"sglang_pp{n}", "kind": "pp", "n": n, "gpus": n,
-                        "args": ["--pp-size", str(n)]})
+            out.append(
+                {
+                    "name": f"sglang_pp{n}",
+                    "kind": "pp",
+                    "n": n,
+                    "gpus": n,
+                    "args": ["--pp-size", str(n)],
+                }
+            )
         if "tp" in kinds:
-            out.append({"name": f"sglang_tp{n}", "kind": "tp", "n": n, "gpus": n,
-                        "args": ["--tp-size", str(n)]})
-        if "sp" in kinds:
-            for th in thetas:
-                out.append({
-                    "name": f"spexis_sp{n}_theta{th:g}", "kind": "sp", "n": n, "gpus": n,
-                    "theta": th,
-                    "args": ["--pp-size", str(n), "--spexis-draft-head", "random:0",
-                             "--spexis-benchmark-force-accept", f"{th:g}",
-                             "--spexis-log-interval", "30"],
-                })
+            out.append(
+                {
+                    "name": f"sglang_tp{n}",
+                    "kind": "tp",
+                    "n": n,
+                    "gpus": n,
+                    "args": ["--tp-size", str(n)],
+                }
+            )
+        if "sp" in kinds and (thetas or measured_theta is not None):
+            variants = [{"name": f"spexis_sp{n}_theta{th:g}", "theta": th} for th in thetas]
+            if measured_theta is not None:
+                variants.append(
+                    {
+                        "name": f"spexis_sp{n}_theta{measured_theta:g}_measured_head",
+                        "theta": measured_theta,
+                        "measured_head": True,
+                    }
+                )
+            out.append(
+                {
+                    "name": f"spexis_sp{n}",
+                    "kind": "sp",
+                    "n": n,
+                    "gpus": n,
+                    "variants": variants,
+                    "args": [
+                        "--pp-size",
+                        str(n),
+                        "--spexis-draft-head",
+                        "random:0",
+                        "--spexis-benchmark-force-accept",
+                        f"{variants[0]['theta']:g}",
+                        "--spexis-log-interval",
+                        "30",
+                    ],
+                }
+            )
+    # last, as they are second tries: stock PP with one micro-batch of slack (pp_loop_size =
+    # N + 1), and SP reading stage 0's drafts synchronously (before the deferred read; the
+    # measured effect of that change)
+    for n in stages:
+        if "ppa" in kinds:
+            out.append(
+                {
+                    "name": f"sglang_pp{n}_async1",
+                    "kind": "pp",
+                    "n": n,
+                    "gpus": n,
+                    "args": ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
+                }
+            )
+        if "spsync" in kinds:
+            th = 0.76 if 0.76 in thetas or not thetas else thetas[0]
+            out.append(
+                {
+                    "name": f"spexis_sp{n}_syncdraft",
+                    "kind": "sp",
+                    "n": n,
+                    "gpus": n,
+                    "env": {"SPEXIS_SYNC_DRAFT_READ": "1"},
+                    "variants": [{"name": f"spexis_sp{n}_syncdraft_theta{th:g}", "theta": th}],
+                    "args": [
+                        "--pp-size",
+                        str(n),
+                        "--spexis-draft-head",
+                        "random:0",
+                        "--spexis-benchmark-force-accept",
+                        f"{th:g}",
+                        "--spexis-log-interval",
+                        "30",
+                    ],
+                }
+            )
     return out
 
 
@@ -117,18 +220,38 @@ def default_stages(gpus: int) -> List[int]:
 class Server:
     """One launch_server process in its own process group (same session: it dies with the call)."""
 
-    def __init__(self, model_dir: str, args: List[str], port: int, log_path: str, local_cpu: bool):
+    def __init__(
+        self,
+        model_dir: str,
+        args: List[str],
+        port: int,
+        log_path: str,
+        local_cpu: bool,
+        extra_env: Optional[Dict[str, str]] = None,
+    ):
         for a in args:
             if any(f in a for f in FORBIDDEN):
                 raise SystemExit(f"refusing {a!r}: it can enable NVLink multicast")
         self.base = f"http://127.0.0.1:{port}"
-        self.cmd = [sys.executable, "-m", "spexis_sglang.launch_server",
-                    "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
-                    *([] if local_cpu else GPU_FLAGS), *args]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "spexis_sglang.launch_server",
+            "--model-path",
+            model_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *([] if local_cpu else GPU_FLAGS),
+            *args,
+        ]
         self.log_path = log_path
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.join(REPO, "python") + (
-            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+        env.update(extra_env or {})
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         if env["NCCL_NVLS_ENABLE"] != "0":
             raise SystemExit("NCCL_NVLS_ENABLE must stay 0")
@@ -136,8 +259,9 @@ class Server:
         self._log.write("+ " + " ".join(self.cmd) + "\n")
         self._log.flush()
         self.t0 = time.time()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, process_group=0)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0
+        )
         self.ready_s: Optional[float] = None
 
     def tail(self, n: int = 30) -> str:
@@ -167,8 +291,11 @@ class Server:
             return json.loads(r.read())
 
     def post(self, path: str, obj: Any, timeout: float) -> Any:
-        req = urllib.request.Request(self.base + path, data=json.dumps(obj).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path,
+            data=json.dumps(obj).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
@@ -194,18 +321,30 @@ class Server:
 def server_state(srv: Server) -> Dict[str, Any]:
     info = srv.get("/server_info")
     st = (info.get("internal_states") or [{}])[0]
-    return {"spexis": st.get("spexis"),
-            "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
-            "max_running_requests": st.get("max_running_requests", info.get("max_running_requests"))}
+    return {
+        "spexis": st.get("spexis"),
+        "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
+        "max_running_requests": st.get("max_running_requests", info.get("max_running_requests")),
+    }
 
 
-def one_run(srv: Server, rng: random.Random, batch: int, in_len: int, out_len: int,
-            vocab: int, timeout: float) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
+def one_run(
+    srv: Server,
+    rng: random.Random,
+    batch: int,
+    in_len: int,
+    out_len: int,
+    vocab: int,
+    timeout: float,
+    theta: Optional[float] = None,
+) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
     """B fresh random prompts (no radix-cache reuse between runs), one /generate call."""
     hi = min(vocab, 32000)
     prompts = [[rng.randrange(100, hi) for _ in range(in_len)] for _ in range(batch)]
-    body = {"input_ids": prompts,
-            "sampling_params": {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}}
+    sampling: Dict[str, Any] = {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}
+    if theta is not None:
+        sampling["custom_params"] = {FORCE_ACCEPT_PARAM: theta}
+    body = {"input_ids": prompts, "sampling_params": sampling}
     before = server_state(srv)["spexis"]
     t = time.perf_counter()
     out = srv.post("/generate", body, timeout=timeout)
@@ -213,24 +352,46 @@ def one_run(srv: Server, rng: random.Random, batch: int, in_len: int, out_len: i
     after = server_state(srv)["spexis"]
     if isinstance(out, dict):
         out = [out]
-    lens = [int(o.get("meta_info", {}).get("completion_tokens", len(o.get("output_ids", []))))
-            for o in out]
+    lens = [
+        int(o.get("meta_info", {}).get("completion_tokens", len(o.get("output_ids", []))))
+        for o in out
+    ]
     delta = None
     if before is not None and after is not None:
         delta = {k: after[k] - before[k] for k in SP_COUNTERS if k in after and k in before}
+    bad = [
+        o for o in out if (o.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort"
+    ]
+    if bad:
+        raise RuntimeError(f"request aborted: {bad[0]['meta_info']['finish_reason']}")
     return dt, delta, lens
 
 
-def measure_batch(srv: Server, cfg: Dict[str, Any], batch: int, a: argparse.Namespace,
-                  vocab: int, rng: random.Random) -> Dict[str, Any]:
-    t_s, d_s, lens_s = one_run(srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout)
-    t_l, d_l, lens_l = one_run(srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout)
+def measure_batch(
+    srv: Server,
+    cfg: Dict[str, Any],
+    batch: int,
+    a: argparse.Namespace,
+    vocab: int,
+    rng: random.Random,
+    theta: Optional[float] = None,
+) -> Dict[str, Any]:
+    t_s, d_s, lens_s = one_run(
+        srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout, theta
+    )
+    t_l, d_l, lens_l = one_run(
+        srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout, theta
+    )
     steps = a.output_len - a.short_output_len
     t_step = (t_l - t_s) / steps
     rec: Dict[str, Any] = {
-        "batch": batch, "t_short_s": round(t_s, 4), "t_long_s": round(t_l, 4),
-        "outputs_ok": all(x == a.short_output_len for x in lens_s) and len(lens_s) == batch
-        and all(x == a.output_len for x in lens_l) and len(lens_l) == batch,
+        "batch": batch,
+        "t_short_s": round(t_s, 4),
+        "t_long_s": round(t_l, 4),
+        "outputs_ok": all(x == a.short_output_len for x in lens_s)
+        and len(lens_s) == batch
+        and all(x == a.output_len for x in lens_l)
+        and len(lens_l) == batch,
         "t_step_s": t_step,
         "decode_tok_s": batch / t_step if t_step > 0 else None,
         "e2e_tok_s": batch * a.output_len / t_l,
@@ -243,66 +404,139 @@ def measure_batch(srv: Server, cfg: Dict[str, Any], batch: int, a: argparse.Name
         diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
         rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731
         verdicts = d_l.get("accepted", 0) + d_l.get("rejected", 0)
+        iters = d_l.get("iterations", 0) - d_s.get("iterations", 0)
         rec["sp"] = {
-            "short": d_s, "long": d_l,
+            "short": d_s,
+            "long": d_l,
             "d_decode_iterations": diters,
             "iter_time_s": (t_l - t_s) / diters if diters > 0 else None,
             "rows_per_iteration": (rows(d_l) - rows(d_s)) / diters if diters > 0 else None,
             "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
             "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
+            # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
+            "phase_ms_per_iteration": (
+                {
+                    k[len("time_") : -len("_s")]: round(1e3 * (d_l[k] - d_s[k]) / iters, 4)
+                    for k in SP_COUNTERS
+                    if k.startswith("time_") and k in d_l and k in d_s
+                }
+                if iters > 0
+                else None
+            ),
         }
     return rec
 
 
-def run_config(model: str, model_dir: str, cfg: Dict[str, Any], a: argparse.Namespace,
-               log_dir: str, deadline: float) -> Dict[str, Any]:
-    res: Dict[str, Any] = {"config": cfg["name"], "kind": cfg["kind"], "n": cfg["n"],
-                           "gpus": cfg["gpus"], "theta_forced": cfg.get("theta"), "status": "run",
-                           "batches": [], "skipped_batches": []}
+def run_config(
+    model: str,
+    model_dir: str,
+    cfg: Dict[str, Any],
+    a: argparse.Namespace,
+    log_dir: str,
+    deadline: float,
+) -> List[Dict[str, Any]]:
+    """Start one server, sweep the batch sizes for each variant (SP: each theta); one result
+    per variant."""
+    variants = cfg.get("variants") or [{"name": cfg["name"], "theta": None}]
+    results: List[Dict[str, Any]] = []
+    for v in variants:
+        results.append(
+            {
+                "config": v["name"],
+                "kind": cfg["kind"],
+                "n": cfg["n"],
+                "gpus": cfg["gpus"],
+                "theta_forced": v.get("theta"),
+                "measured_head_theta": bool(v.get("measured_head")),
+                "status": "run",
+                "batches": [],
+                "skipped_batches": [],
+            }
+        )
     with open(os.path.join(model_dir, "config.json")) as f:
         vocab = int(json.load(f)["vocab_size"])
-    args = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", a.dtype,
-            "--context-length", str(a.context_length),
-            "--max-running-requests", str(max(a.batches)), *cfg["args"]]
+    args = [
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--dtype",
+        a.dtype,
+        "--context-length",
+        str(a.context_length),
+        "--max-running-requests",
+        str(max(a.batches)),
+        *cfg["args"],
+    ]
     if a.max_total_tokens:
         args += ["--max-total-tokens", str(a.max_total_tokens)]
     else:
         args += ["--mem-fraction-static", str(a.mem_fraction_static)]
     args += a.server_arg
-    res["server_args"] = args
     log = os.path.join(log_dir, f"{model}__{cfg['name']}.log")
-    srv = Server(model_dir, args, a.port, log, a.local_cpu)
-    res["cmd"] = " ".join(srv.cmd)
+    srv = Server(model_dir, args, a.port, log, a.local_cpu, cfg.get("env"))
+    for res in results:
+        res["server_args"] = args
+        res["server_env"] = cfg.get("env") or {}
+        res["cmd"] = " ".join(srv.cmd)
     rng = random.Random(1234)
+    current = results[0]
     try:
         srv.wait_ready(min(a.health_timeout, max(10.0, deadline - time.time())))
-        res["ready_after_s"] = round(srv.ready_s or 0, 1)
-        res.update({k: v for k, v in server_state(srv).items() if k != "spexis"})
-        one_run(srv, rng, min(8, max(a.batches)), a.input_len, 8, vocab, a.request_timeout)  # warm-up
-        for b in a.batches:
-            left = deadline - time.time()
-            if left < a.min_batch_s:
-                res["skipped_batches"].append({"batch": b, "why": f"time budget ({left:.0f} s left)"})
-                continue
-            try:
-                rec = measure_batch(srv, cfg, b, a, vocab, rng)
-            except Exception as e:  # noqa: BLE001 - record and go on
-                rec = {"batch": b, "error": repr(e)}
-                if srv.proc.poll() is not None:
-                    res["batches"].append(rec)
-                    raise RuntimeError(f"server died at batch {b}") from e
-            res["batches"].append(rec)
-            print(f"  {model} {cfg['name']} B={b}: "
-                  + (f"{rec['decode_tok_s']:.0f} tok/s, step {rec['t_step_s'] * 1e3:.2f} ms"
-                     if rec.get("decode_tok_s") else f"{rec.get('error', 'no result')}"), flush=True)
+        state = {k: v for k, v in server_state(srv).items() if k != "spexis"}
+        for res in results:
+            res["ready_after_s"] = round(srv.ready_s or 0, 1)
+            res.update(state)
+        one_run(
+            srv,
+            rng,
+            min(8, max(a.batches)),
+            a.input_len,
+            8,
+            vocab,
+            a.request_timeout,
+            variants[0].get("theta"),
+        )  # warm-up
+        for v, res in zip(variants, results):
+            current = res
+            for b in a.batches:
+                left = deadline - time.time()
+                if left < a.min_batch_s:
+                    res["skipped_batches"].append(
+                        {"batch": b, "why": f"time budget ({left:.0f} s left)"}
+                    )
+                    continue
+                try:
+                    rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"))
+                except Exception as e:  # noqa: BLE001 - record and go on
+                    rec = {"batch": b, "error": repr(e)}
+                    if srv.proc.poll() is not None:
+                        res["batches"].append(rec)
+                        raise RuntimeError(f"server died at batch {b}") from e
+                res["batches"].append(rec)
+                extra = ""
+                if rec.get("sp"):
+                    sp = rec["sp"]
+                    extra = (
+                        f", acc {sp['acceptance']:.3f}, rows/it {sp['rows_per_iteration']:.1f},"
+                        f" it {1e3 * (sp['iter_time_s'] or 0):.2f} ms {sp['phase_ms_per_iteration']}"
+                    )
+                print(
+                    f"  {model} {v['name']} B={b}: "
+                    + (
+                        f"{rec['decode_tok_s']:.0f} tok/s, step {rec['t_step_s'] * 1e3:.2f} ms{extra}"
+                        if rec.get("decode_tok_s")
+                        else f"{rec.get('error', 'no result')}"
+                    ),
+                    flush=True,
+                )
     except Exception as e:  # noqa: BLE001
-        res["status"] = "failed"
-        res["error"] = repr(e)
-        res["log_tail"] = srv.tail(40)
-        print(f"  {model} {cfg['name']} FAILED: {e!r}\n{res['log_tail']}", flush=True)
+        current["status"] = "failed"
+        current["error"] = repr(e)
+        current["log_tail"] = srv.tail(40)
+        print(f"  {model} {cfg['name']} FAILED: {e!r}\n{current['log_tail']}", flush=True)
     finally:
         srv.stop()
-    return res
+    return [r for r in results if r["batches"] or r["status"] != "run"]
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -334,8 +568,22 @@ def latency_table(res: Dict[str, Any]) -> List[List[float]]:
     return _monotone(pts)
 
 
-def build_profiles(model: str, results: List[Dict[str, Any]], a: argparse.Namespace) -> Dict[int, Dict[str, Any]]:
+def build_profiles(
+    model: str, results: List[Dict[str, Any]], a: argparse.Namespace
+) -> Dict[int, Dict[str, Any]]:
     ok = [r for r in results if r["status"] == "run" and latency_table(r)]
+    # one entry per (kind, n) for the planner: the stronger of stock PP's settings
+    best: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    for r in ok:
+        if r["kind"] == "sp":
+            continue
+        peak = max((b.get("decode_tok_s") or 0) for b in r["batches"])
+        key = (r["kind"], r["n"])
+        if key not in best or peak > max(
+            (b.get("decode_tok_s") or 0) for b in best[key]["batches"]
+        ):
+            best[key] = r
+    ok = [r for r in ok if r["kind"] == "sp" or best.get((r["kind"], r["n"])) is r]
     profiles: Dict[int, Dict[str, Any]] = {}
     tps = a.input_len + a.output_len
     for g in sorted({r["gpus"] for r in ok}):
@@ -343,10 +591,12 @@ def build_profiles(model: str, results: List[Dict[str, Any]], a: argparse.Namesp
         for r in ok:
             if r["gpus"] != g or r["kind"] == "sp":
                 continue
-            c: Dict[str, Any] = {"pp": r["n"] if r["kind"] == "pp" else 1,
-                                 "tp": r["n"] if r["kind"] == "tp" else 1,
-                                 "latency": latency_table(r),
-                                 "note": f"measured: {r['config']}"}
+            c: Dict[str, Any] = {
+                "pp": r["n"] if r["kind"] == "pp" else 1,
+                "tp": r["n"] if r["kind"] == "tp" else 1,
+                "latency": latency_table(r),
+                "note": f"measured: {r['config']}",
+            }
             # the server's batch limit: --max-running-requests, or fewer if the KV pool is smaller
             cap = int(r.get("max_running_requests") or max(a.batches))
             if r.get("max_total_num_tokens"):
@@ -354,13 +604,22 @@ def build_profiles(model: str, results: List[Dict[str, Any]], a: argparse.Namesp
                 c["note"] += f"; KV pool {r['max_total_num_tokens']} tokens"
             c["max_batch"] = max(1, cap)
             if r["kind"] == "pp":
-                sps = [s for s in ok if s["kind"] == "sp" and s["n"] == r["n"]]
+                sps = [
+                    s
+                    for s in ok
+                    if s["kind"] == "sp"
+                    and s["n"] == r["n"]
+                    and not s.get("server_env")
+                    and not s.get("measured_head_theta")
+                ]
                 if sps:
                     sp = min(sps, key=lambda s: abs((s["theta_forced"] or 0) - 0.76))
                     c["latency_sp"] = latency_table(sp)
                     accs = [(b.get("sp") or {}).get("acceptance") for b in sp["batches"]]
                     accs = [x for x in accs if x is not None]
-                    theta[str(r["n"])] = round(sum(accs) / len(accs), 4) if accs else sp["theta_forced"]
+                    theta[str(r["n"])] = (
+                        round(sum(accs) / len(accs), 4) if accs else sp["theta_forced"]
+                    )
                     c["note"] += f"; latency_sp from {sp['config']}"
             configs.append(c)
         if not configs:
@@ -372,9 +631,11 @@ def build_profiles(model: str, results: List[Dict[str, Any]], a: argparse.Namesp
                 c["note"] += "; no SP run: theta 0 placeholder"
         p: Dict[str, Any] = {
             "name": f"{model}-shaped (dummy weights), {g} x H200, measured",
-            "description": (f"benchmark/gpu/decode_throughput.py: input {a.input_len}, output "
-                            f"{a.output_len} tokens, T from the {a.short_output_len}/{a.output_len} "
-                            "difference; SGLang 0.5.17, triton attention, no CUDA graphs"),
+            "description": (
+                f"benchmark/gpu/decode_throughput.py: input {a.input_len}, output "
+                f"{a.output_len} tokens, T from the {a.short_output_len}/{a.output_len} "
+                "difference; SGLang 0.5.17, triton attention, no CUDA graphs"
+            ),
             "num_gpus": g,
             "tokens_per_seq": tps,
             "configs": configs,
@@ -389,6 +650,7 @@ def validate_profile(path: str) -> Optional[str]:
     try:
         sys.path.insert(0, os.path.join(REPO, "python"))
         from spexis_sglang.core.planner import load_profile  # noqa: WPS433
+
         load_profile(path)
         return None
     except Exception as e:  # noqa: BLE001
@@ -397,52 +659,97 @@ def validate_profile(path: str) -> Optional[str]:
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=None,
-                   help=f"model config name ({', '.join(MODELS)}) or a config dir; repeatable. "
-                   "Default: llama-3.1-8b")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help=f"model config name ({', '.join(MODELS)}) or a config dir; repeatable. "
+        "Default: llama-3.1-8b",
+    )
     p.add_argument("--num-gpus", type=int, default=None, help="default: nvidia-smi -L count")
-    p.add_argument("--stages", default="auto",
-                   help="N for PP=N / TP=N / SP N stages, comma list; auto = 2, powers of two up "
-                   "to the GPU count, and the GPU count")
-    p.add_argument("--kinds", default="pp1,pp,tp,sp", help="subset of pp1,pp,tp,sp")
+    p.add_argument(
+        "--stages",
+        default="auto",
+        help="N for PP=N / TP=N / SP N stages, comma list; auto = 2, powers of two up "
+        "to the GPU count, and the GPU count",
+    )
+    p.add_argument(
+        "--kinds",
+        default="pp1,pp,tp,sp",
+        help="subset of pp1,pp,tp,sp,ppa,spsync (ppa: stock PP with --pp-async-batch-depth "
+        "1; spsync: SP with SPEXIS_SYNC_DRAFT_READ=1)",
+    )
     p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
+    p.add_argument(
+        "--measured-theta",
+        type=float,
+        default=None,
+        help="one more SP variant at the acceptance measured for the default model's "
+        "trained head (labelled '_measured_head')",
+    )
     p.add_argument("--batches", default="16,32,64,128,256,512")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--short-output-len", type=int, default=16)
     p.add_argument("--context-length", type=int, default=2048)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--mem-fraction-static", type=float, default=0.8,
-                   help="same fraction of every GPU's memory for weights + KV in every config")
-    p.add_argument("--max-total-tokens", type=int, default=None,
-                   help="instead of --mem-fraction-static: the same KV pool size (tokens) for all")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra launch_server argument (repeat; e.g. --server-arg=--chunked-prefill-size=8192)")
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=0.8,
+        help="same fraction of every GPU's memory for weights + KV in every config",
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="instead of --mem-fraction-static: the same KV pool size (tokens) for all",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra launch_server argument (repeat; e.g. --server-arg=--chunked-prefill-size=8192)",
+    )
     p.add_argument("--port", type=int, default=30100)
     p.add_argument("--health-timeout", type=float, default=420)
     p.add_argument("--request-timeout", type=float, default=300)
-    p.add_argument("--time-budget", type=float, default=0,
-                   help="seconds for the whole script (0 = none); a server is started only with "
-                   "--min-server-s left, a batch only with --min-batch-s left")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0,
+        help="seconds for the whole script (0 = none); a server is started only with "
+        "--min-server-s left, a batch only with --min-batch-s left",
+    )
     p.add_argument("--min-server-s", type=float, default=120)
     p.add_argument("--min-batch-s", type=float, default=15)
-    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, ".gpu", "out"),
-                   help="output folder (default $OUT); profiles go there too unless --profiles-dir")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or os.path.join(REPO, ".gpu", "out"),
+        help="output folder (default $OUT); profiles go there too unless --profiles-dir",
+    )
     p.add_argument("--profiles-dir", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    p.add_argument("--local-cpu", action="store_true",
-                   help="test on a CPU machine: no GPU flags (the launcher's CPU defaults)")
+    p.add_argument(
+        "--local-cpu",
+        action="store_true",
+        help="test on a CPU machine: no GPU flags (the launcher's CPU defaults)",
+    )
     a = p.parse_args(argv)
     a.model = a.model or ["llama-3.1-8b"]
     a.batches = sorted({int(x) for x in a.batches.split(",") if x})
     a.thetas = [float(x) for x in a.thetas.split(",") if x]
     a.kinds = [k for k in a.kinds.split(",") if k]
-    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp"}
+    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spsync"}
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
-    if any(not 0 <= t <= 1 for t in a.thetas):
+    if any(
+        not 0 <= t <= 1
+        for t in a.thetas + ([a.measured_theta] if a.measured_theta is not None else [])
+    ):
         p.error("--thetas must be in [0, 1]")
     if a.short_output_len >= a.output_len or a.short_output_len < 1:
         p.error("need 1 <= --short-output-len < --output-len")
@@ -462,24 +769,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     t_start = time.time()
     deadline = t_start + a.time_budget if a.time_budget > 0 else float("inf")
     gpus = a.num_gpus if a.num_gpus is not None else count_gpus()
-    stages = default_stages(gpus) if a.stages == "auto" else sorted({int(x) for x in a.stages.split(",")})
-    cfgs = plan_configs(stages, a.thetas, a.kinds)
+    stages = (
+        default_stages(gpus)
+        if a.stages == "auto"
+        else sorted({int(x) for x in a.stages.split(",")})
+    )
+    cfgs = plan_configs(stages, a.thetas, a.kinds, a.measured_theta)
     os.makedirs(a.out, exist_ok=True)
     log_dir = os.path.join("/tmp", f"spexis-decode-logs-{os.getpid()}")
     os.makedirs(log_dir, exist_ok=True)
-    print(f"GPUs: {gpus}; stages {stages}; models {a.model}; batches {a.batches}; "
-          f"in {a.input_len} out {a.output_len}/{a.short_output_len}", flush=True)
+    print(
+        f"GPUs: {gpus}; stages {stages}; models {a.model}; batches {a.batches}; "
+        f"in {a.input_len} out {a.output_len}/{a.short_output_len}",
+        flush=True,
+    )
     summary: Dict[str, Any] = {
-        "script": "benchmark/gpu/decode_throughput.py", "argv": sys.argv[1:] if argv is None else argv,
-        "num_gpus": gpus, "stages": stages, "batches": a.batches, "input_len": a.input_len,
-        "output_len": a.output_len, "short_output_len": a.short_output_len,
-        "kv_budget": ({"max_total_tokens": a.max_total_tokens} if a.max_total_tokens
-                      else {"mem_fraction_static": a.mem_fraction_static}),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": {}, "not_run": [],
+        "script": "benchmark/gpu/decode_throughput.py",
+        "argv": sys.argv[1:] if argv is None else argv,
+        "num_gpus": gpus,
+        "stages": stages,
+        "batches": a.batches,
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "short_output_len": a.short_output_len,
+        "kv_budget": (
+            {"max_total_tokens": a.max_total_tokens}
+            if a.max_total_tokens
+            else {"mem_fraction_static": a.mem_fraction_static}
+        ),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "models": {},
+        "not_run": [],
     }
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         summary["gpu"] = smi.stdout.strip().splitlines()
     except (OSError, subprocess.TimeoutExpired):
         summary["gpu"] = []
@@ -495,7 +823,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             model_dir = MODELS.get(model, model)
             name = model if model in MODELS else os.path.basename(os.path.normpath(model))
             results: List[Dict[str, Any]] = []
-            summary["models"][name] = {"config_dir": os.path.relpath(model_dir, REPO), "results": results}
+            summary["models"][name] = {
+                "config_dir": os.path.relpath(model_dir, REPO),
+                "results": results,
+            }
             for cfg in cfgs:
                 why = None
                 if cfg["gpus"] > gpus:
@@ -503,15 +834,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 elif deadline - time.time() < a.min_server_s:
                     why = f"time budget ({max(0, deadline - time.time()):.0f} s left)"
                 if why:
-                    summary["not_run"].append({"model": name, "config": cfg["name"], "why": why,
-                                               "args": cfg["args"]})
+                    summary["not_run"].append(
+                        {"model": name, "config": cfg["name"], "why": why, "args": cfg["args"]}
+                    )
                     continue
                 if a.dry_run:
-                    print(f"would run {name} {cfg['name']}: launch_server --model-path {model_dir} "
-                          + " ".join(([] if a.local_cpu else GPU_FLAGS) + cfg["args"]))
+                    print(
+                        f"would run {name} {cfg['name']}: launch_server --model-path {model_dir} "
+                        + " ".join(([] if a.local_cpu else GPU_FLAGS) + cfg["args"])
+                    )
                     continue
                 print(f"== {name} {cfg['name']} ({time.time() - t_start:.0f} s)", flush=True)
-                results.append(run_config(name, model_dir, cfg, a, log_dir, deadline))
+                results.extend(run_config(name, model_dir, cfg, a, log_dir, deadline))
                 save()
             profiles = build_profiles(name, results, a)
             summary["models"][name]["profiles"] = {}
@@ -521,9 +855,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with open(path, "w") as f:
                     json.dump(prof, f, indent=1)
                 err = validate_profile(path)
-                summary["models"][name]["profiles"][str(g)] = {"file": os.path.basename(path),
-                                                               "valid": err is None, "error": err,
-                                                               "profile": prof}
+                summary["models"][name]["profiles"][str(g)] = {
+                    "file": os.path.basename(path),
+                    "valid": err is None,
+                    "error": err,
+                    "profile": prof,
+                }
             save()
     finally:
         save()
@@ -541,8 +878,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             by_b = {x["batch"]: x for x in r["batches"]}
             for b in a.batches:
                 x = by_b.get(b)
-                cells.append(f"{x['decode_tok_s']:.0f} ({x['t_step_s'] * 1e3:.1f})"
-                             if x and x.get("decode_tok_s") else "-")
+                cells.append(
+                    f"{x['decode_tok_s']:.0f} ({x['t_step_s'] * 1e3:.1f})"
+                    if x and x.get("decode_tok_s")
+                    else "-"
+                )
             extra = ""
             if r["kind"] == "sp":
                 accs = [(x.get("sp") or {}).get("acceptance") for x in r["batches"]]
@@ -551,7 +891,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     extra = f" acc {sum(accs) / len(accs):.3f}"
             print(f"  {r['config']:<24} {r['status']:<6} " + " | ".join(cells) + extra)
         for g, p in m.get("profiles", {}).items():
-            print(f"  profile {p['file']}: {'valid' if p['valid'] else 'INVALID ' + str(p['error'])}")
+            print(
+                f"  profile {p['file']}: {'valid' if p['valid'] else 'INVALID ' + str(p['error'])}"
+            )
     if summary["not_run"]:
         print("\nnot run:")
         for x in summary["not_run"]:

@@ -35,8 +35,9 @@ keeps its slots until its in-flight rows have drained (``SPState.pop_drained``).
 from __future__ import annotations
 
 import logging
-import random
+import os
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -63,6 +64,21 @@ FORCED_LABEL = "spexis_benchmark_forced_acceptance"
 # sampling_params.custom_params key: a request's own forced acceptance (benchmark mode only), so
 # one server sweeps several values of theta without a restart.
 FORCE_ACCEPT_PARAM = "spexis_force_accept"
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _uniform64(base: int, position: int, epoch: int) -> float:
+    """A uniform number in [0, 1) from three integers (splitmix64's finaliser)."""
+    x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
+    x &= _MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x / 18446744073709551616.0
 
 
 @dataclass
@@ -198,6 +214,9 @@ class SpexisScheduler(Scheduler):
                 FORCED_LABEL,
             )
         self.sp_retracted_waiting_drain: Dict[str, Req] = {}
+        # Drafts of launched decode batches not yet read (see sp_after_launch).
+        self.sp_pending_drafts: List[tuple] = []
+        self.sp_sync_draft_read = os.environ.get("SPEXIS_SYNC_DRAFT_READ", "0") == "1"
 
     # ------------------------------------------------------------------ event loop
     @DynamicGradMode()
@@ -206,10 +225,14 @@ class SpexisScheduler(Scheduler):
         self.init_sp_state()
         clock = time.perf_counter
         st = self.sp_stats
+        profiler = self._sp_maybe_profiler()
         while True:
+            if profiler is not None:
+                profiler.tick()
             server_is_idle = True
             for mb_id in range(self.pp_loop_size):
                 t0 = clock()
+                ds0 = st.time_draft_sync_s
                 self.running_batch = self.sp_running_batch
                 next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
                 next_mb_id = (mb_id + 1) % self.pp_loop_size
@@ -234,6 +257,7 @@ class SpexisScheduler(Scheduler):
                         list(recv_reqs or []) + [plan_out], async_send=True
                     )
                 t1 = clock()
+                ds1 = st.time_draft_sync_s
 
                 if cur_batch:
                     server_is_idle = False
@@ -246,7 +270,6 @@ class SpexisScheduler(Scheduler):
                         }
                 self._pp_commit_comm_work(self.send_proxy_work)
                 result = None
-                t2 = t3 = clock()
                 if cur_batch:
                     result, self.launch_event = self._pp_launch_batch(
                         mb_id,
@@ -255,9 +278,9 @@ class SpexisScheduler(Scheduler):
                         self.mb_metadata,
                         self.last_rank_comm_queue,
                     )
-                    t2 = clock()
                     self.sp_after_launch(cur_batch, result)
-                    t3 = clock()
+                t3 = clock()
+                ds3 = st.time_draft_sync_s
 
                 next_pp_outputs, next_batch_result, d2h_event = (
                     self._pp_commit_send_output_work_and_preprocess_output_tensors(
@@ -286,17 +309,28 @@ class SpexisScheduler(Scheduler):
                 if cur_batch is not None or self.mbs[next_mb_id] is not None:
                     t6 = clock()
                     st.time_busy_s += t6 - t0
-                    st.time_schedule_s += t1 - t0
+                    # (time_draft_sync_s is added by sp_apply_drafts, wherever it runs)
+                    st.time_schedule_s += (t1 - t0) - (ds1 - ds0)
                     # the proxy receive (later stages wait for the previous stage) + launch
-                    st.time_launch_s += t2 - t1
-                    st.time_draft_sync_s += t3 - t2
+                    st.time_launch_s += (t3 - t1) - (ds3 - ds1)
                     st.time_wait_output_s += t4 - t3
                     st.time_process_s += t5 - t4
                     st.time_send_s += t6 - t5
+                else:
+                    st.time_draft_sync_s = ds0  # idle: drafts of finished requests only
 
             if server_is_idle:
                 self.on_idle()
             self.sp_maybe_log()
+
+    def _sp_maybe_profiler(self):
+        """``SPEXIS_PROFILE_LOOP=PREFIX``: cProfile this rank's loop (developer aid)."""
+        prefix = os.environ.get("SPEXIS_PROFILE_LOOP")
+        if not prefix:
+            return None
+        from spexis_sglang.srt.profiling import LoopProfiler
+
+        return LoopProfiler(f"{prefix}.pp{self.ps.pp_rank}.tp{self.ps.tp_rank}.prof")
 
     def _pp_prepare_tensor_dict(self, result, batch):
         tensor_dict = super()._pp_prepare_tensor_dict(result, batch)
@@ -334,6 +368,7 @@ class SpexisScheduler(Scheduler):
     def sp_build_decode_batch(
         self, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
     ) -> Optional[ScheduleBatch]:
+        self.sp_apply_drafts()
         reqs = self.sp_running_batch.reqs
         if not reqs:
             return None
@@ -354,32 +389,35 @@ class SpexisScheduler(Scheduler):
         if not plans:
             return None
 
-        allocator = self.token_to_kv_pool_allocator
-        req_to_token = self.req_to_token_pool.req_to_token
-        new_rows = [
-            i for i, (req, row) in enumerate(plans) if row.position >= req.kv.kv_allocated_len
-        ]
-        new_slots = allocator.alloc(len(new_rows)) if new_rows else None
-        if new_rows and new_slots is None:
-            raise RuntimeError("Spexis: KV allocation failed after the memory check")
-        for j, i in enumerate(new_rows):
-            req, row = plans[i]
-            req_to_token[req.req_pool_idx, row.position] = new_slots[j]
-            req.kv.kv_allocated_len = row.position + 1
-
+        # One pass over the rows, then a handful of tensor ops: per-row tensor indexing would
+        # launch one device kernel per row (milliseconds per iteration at B = 256 on a GPU).
+        sp, stats = self.sp, self.sp_stats
         rows: List[SpexisRow] = []
         tokens, positions, pool_idx = [], [], []
+        new_pool_idx, new_positions = [], []
         for req, row in plans:
-            epoch = self.sp.on_launch(req.rid, row.position, row.token, row.is_spec, row.confidence)
+            if row.position >= req.kv.kv_allocated_len:
+                new_pool_idx.append(req.req_pool_idx)
+                new_positions.append(row.position)
+                req.kv.kv_allocated_len = row.position + 1
+            epoch = sp.on_launch(req.rid, row.position, row.token, row.is_spec, row.confidence)
             rows.append(SpexisRow(req, row.position, epoch, row.is_spec))
             tokens.append(row.token)
             positions.append(row.position)
             pool_idx.append(req.req_pool_idx)
-            if row.is_spec:
-                self.sp_stats.rows_spec += 1
-            else:
-                self.sp_stats.rows_normal += 1
-        self.sp_stats.decode_iterations += 1
+        n_spec = sum(1 for r in rows if r.is_spec)
+        stats.rows_spec += n_spec
+        stats.rows_normal += len(rows) - n_spec
+        stats.decode_iterations += 1
+
+        device = self.req_to_token_pool.device
+        req_to_token = self.req_to_token_pool.req_to_token
+        if new_pool_idx:
+            new_slots = self.token_to_kv_pool_allocator.alloc(len(new_pool_idx))
+            if new_slots is None:
+                raise RuntimeError("Spexis: KV allocation failed after the memory check")
+            where = torch.tensor([new_pool_idx, new_positions], dtype=torch.int64).to(device)
+            req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
 
         batch = ScheduleBatch.init_new(
             [r.req for r in rows],
@@ -390,21 +428,18 @@ class SpexisScheduler(Scheduler):
             False,
             self.spec_algorithm,
         )
-        device = self.req_to_token_pool.device
         batch.forward_mode = ForwardMode.DECODE
         batch.return_logprob = False
-        batch.input_ids = torch.tensor(tokens, dtype=torch.int64, device=device)
-        pool_idx_cpu = torch.tensor(pool_idx, dtype=torch.int64)
-        batch.req_pool_indices_cpu = pool_idx_cpu
-        batch.req_pool_indices = pool_idx_cpu.to(device, non_blocking=True)
-        seq_lens_cpu = torch.tensor(positions, dtype=torch.int64) + 1
-        batch.seq_lens_cpu = seq_lens_cpu
-        batch.seq_lens = seq_lens_cpu.to(device, non_blocking=True)
+        meta_cpu = torch.tensor([tokens, pool_idx, positions], dtype=torch.int64)
+        meta = meta_cpu.to(device)
+        batch.input_ids = meta[0]
+        batch.req_pool_indices_cpu = meta_cpu[1]
+        batch.req_pool_indices = meta[1]
+        batch.seq_lens_cpu = meta_cpu[2] + 1
+        batch.seq_lens = meta[2] + 1
         batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
-        batch.seq_lens_sum = int(seq_lens_cpu.sum())
-        batch.out_cache_loc = req_to_token[batch.req_pool_indices, seq_lens_cpu.to(device) - 1].to(
-            torch.int64
-        )
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        batch.out_cache_loc = req_to_token[meta[1], meta[2]].to(torch.int64)
         batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
             batch, self.model_config.vocab_size
         )
@@ -485,23 +520,64 @@ class SpexisScheduler(Scheduler):
 
     # ------------------------------------------------------------------ launch and results
     def sp_after_launch(self, batch: ScheduleBatch, result) -> None:
-        """Record the drafts stage 0 just made (placeholders on the other stages)."""
+        """Take the drafts stage 0 just made (placeholders on the other stages).
+
+        They are needed only when the next decode batch is built, so on a GPU stage 0 copies
+        them to the host on the copy stream and reads them then (:meth:`sp_apply_drafts`):
+        receiving and processing the previous results overlaps this forward pass instead of
+        waiting for it. Every rank applies its drafts at the same point of the loop, which
+        keeps the mirrored states identical. ``SPEXIS_SYNC_DRAFT_READ=1`` reads them at once
+        (the previous behaviour; kept for the benchmark's before/after).
+        """
         self.sp_stats.iterations += 1
         if getattr(batch, "spexis_kind", None) != "decode":
             return
         rows: List[SpexisRow] = batch.spexis_rows
-        if self.sp_rank0:
-            tensors = result.pp_hidden_states_proxy_tensors.tensors
-            draft_ids = tensors[DRAFT_IDS_KEY].tolist()
-            draft_conf = tensors[DRAFT_CONF_KEY].tolist()
-        else:
-            draft_ids = [_PLACEHOLDER_TOKEN] * len(rows)
-            draft_conf = [1.0] * len(rows)
-        for row, tok, conf in zip(rows, draft_ids, draft_conf):
-            self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(conf))
+        if not self.sp_rank0:
+            self.sp_pending_drafts.append((rows, None, None, (None,)))
+            if self.sp_sync_draft_read:
+                self.sp_apply_drafts()
+            return
+        tensors = result.pp_hidden_states_proxy_tensors.tensors
+        ids, conf = tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]
+        event = None
+        if ids.device.type != "cpu" and not self.sp_sync_draft_read:
+            with self.copy_stream_ctx:
+                self.copy_stream.wait_event(self.launch_event)
+                # the device tensors stay referenced in the tuple until the copy is read
+                ids, conf = ids.to("cpu", non_blocking=True), conf.to("cpu", non_blocking=True)
+                event = self.device_module.Event()
+                event.record(self.device_module.current_stream())
+        self.sp_pending_drafts.append(
+            (rows, ids, conf, (event, tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]))
+        )
+        if self.sp_sync_draft_read:
+            self.sp_apply_drafts()
+
+    def sp_apply_drafts(self) -> None:
+        """Record the drafts of the decode batches launched so far, oldest first."""
+        if not self.sp_pending_drafts:
+            return
+        t0 = time.perf_counter()
+        pending, self.sp_pending_drafts = self.sp_pending_drafts, []
+        for rows, ids, conf, (event, *_keepalive) in pending:
+            if ids is None:
+                draft_ids = [_PLACEHOLDER_TOKEN] * len(rows)
+                draft_conf = [1.0] * len(rows)
+            else:
+                if event is not None:
+                    event.synchronize()
+                draft_ids = ids.tolist()
+                draft_conf = conf.tolist()
+            for row, tok, c in zip(rows, draft_ids, draft_conf):
+                self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(c))
+        self.sp_stats.time_draft_sync_s += time.perf_counter() - t0
 
     def _forced_theta(self, req: Req) -> float:
         """The request's forced acceptance: its ``custom_params`` value, else the server's."""
+        theta = getattr(req, "spexis_forced_theta", None)
+        if theta is not None:
+            return theta
         custom = req.sampling_params.custom_params or {}
         theta = custom.get(FORCE_ACCEPT_PARAM, self.spexis_config.force_accept)
         try:
@@ -509,7 +585,8 @@ class SpexisScheduler(Scheduler):
         except (TypeError, ValueError):
             theta = -1.0
         if not 0.0 <= theta <= 1.0:  # rejected on arrival (_add_request_to_queue)
-            return float(self.spexis_config.force_accept)
+            theta = float(self.spexis_config.force_accept)
+        req.spexis_forced_theta = theta
         return theta
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
@@ -543,8 +620,13 @@ class SpexisScheduler(Scheduler):
         values.extend([self._forced_theta(req)] * (len(req.output_ids) - len(values)))
 
     def _forced_accept(self, req: Req, position: int, epoch: int) -> bool:
-        theta = self._forced_theta(req)
-        return random.Random(f"{self.sp_rng_seed}:{req.rid}:{position}:{epoch}").random() < theta
+        """Bernoulli(theta) from a hash of (seed, request, position, epoch): every rank draws
+        the same verdict without sharing a random stream."""
+        base = getattr(req, "spexis_forced_hash", None)
+        if base is None:
+            base = zlib.crc32(f"{self.sp_rng_seed}:{req.rid}".encode())
+            req.spexis_forced_hash = base
+        return _uniform64(base, position, epoch) < self._forced_theta(req)
 
     def sp_process_result(self, batch: ScheduleBatch, result, pp_outputs: PPProxyTensors):
         if getattr(batch, "spexis_kind", None) != "decode":

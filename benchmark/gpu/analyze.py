@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Issue #6's results from ``decode_throughput.json`` files: ratios, predictions, plot, table.
+
+Runs anywhere (numpy + matplotlib; no GPU, no SGLang). For every model in the inputs:
+
+* decode throughput per configuration and batch size (the measurement of
+  ``benchmark/gpu/decode_throughput.py``: ``B / T_step``, T_step from the 16/128 difference);
+* SP / PP and SP / TP per batch size and forced theta (PP = the stronger stock-PP setting);
+* the cost model's SP prediction two ways (paper Table 1, Eq. 2, ``core/cost_model.py``):
+  - ``pred_from_pp``: ``B*_eff(B, N, Θ) / T_stage(B)`` with ``T_stage`` the *stock PP* stage
+    time at a micro-batch of B rows (what the planner predicts before SP exists; beyond the
+    largest measured micro-batch the table extrapolates, marked);
+  - ``pred_from_sp_latency``: the same with SP's own measured iteration time (isolates Eq. 2);
+  and measured / predicted;
+* SP's iteration-time excess over stock PP's stage time at the same row count, beside stage
+  0's event-loop phase breakdown (scheduling, launch, draft read-back, waiting for the output,
+  result processing): where SP's time goes;
+* the planner's ranking (``rank_configurations``) of the measured profile.
+
+    python benchmark/gpu/analyze.py RUN1/decode_throughput.json [RUN2/...] \\
+        --out benchmark/results/gpu_decode_throughput.json --plot benchmark/results/gpu_decode_throughput.png \\
+        --markdown benchmark/results/gpu_decode_throughput.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+
+from spexis_sglang.core.cost_model import LatencyTable, b_eff_star  # noqa: E402
+from spexis_sglang.core.planner import parse_profile, rank_configurations  # noqa: E402
+
+
+def _by_batch(res: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    return {b["batch"]: b for b in res.get("batches", []) if b.get("decode_tok_s")}
+
+
+def _peak(res: Dict[str, Any]) -> float:
+    return max([b["decode_tok_s"] for b in _by_batch(res).values()] or [0.0])
+
+
+def _stage_table(pp: Dict[str, Any]) -> Optional[LatencyTable]:
+    pts = sorted(
+        (b["stage_batch"], b["stage_time_s"])
+        for b in pp.get("batches", [])
+        if b.get("stage_time_s") and b["stage_time_s"] > 0
+    )
+    mono: List[List[float]] = []
+    for x, t in pts:
+        if mono and x <= mono[-1][0]:
+            continue
+        mono.append([x, max(t, mono[-1][1]) if mono else t])
+    return LatencyTable(mono, "stock PP stage time") if mono else None
+
+
+def analyze_model(
+    name: str, results: List[Dict[str, Any]], profile: Optional[dict]
+) -> Dict[str, Any]:
+    ok = [r for r in results if r.get("status") == "run" and _by_batch(r)]
+    out: Dict[str, Any] = {"model": name, "configs": {}, "not_ok": []}
+    for r in results:
+        if r not in ok:
+            out["not_ok"].append(
+                {"config": r["config"], "status": r.get("status"), "error": r.get("error")}
+            )
+    for r in ok:
+        out["configs"][r["config"]] = {
+            "kind": r["kind"],
+            "n": r["n"],
+            "theta_forced": r.get("theta_forced"),
+            "measured_head_theta": r.get("measured_head_theta", False),
+            "ready_after_s": r.get("ready_after_s"),
+            "max_total_num_tokens": r.get("max_total_num_tokens"),
+            "decode_tok_s": {
+                str(b): round(x["decode_tok_s"], 1) for b, x in sorted(_by_batch(r).items())
+            },
+        }
+    pps = [r for r in ok if r["kind"] == "pp"]
+    tps = [r for r in ok if r["kind"] == "tp"]
+    sps = [r for r in ok if r["kind"] == "sp"]
+    out["sp"] = {}
+    for sp in sps:
+        n = sp["n"]
+        pp = max((r for r in pps if r["n"] == n), key=_peak, default=None)
+        tp = max((r for r in tps if r["n"] == n), key=_peak, default=None)
+        stage = _stage_table(pp) if pp else None
+        rows = []
+        for b, x in sorted(_by_batch(sp).items()):
+            s = x.get("sp") or {}
+            theta = s.get("acceptance")
+            row: Dict[str, Any] = {
+                "batch": b,
+                "sp_tok_s": round(x["decode_tok_s"], 1),
+                "acceptance": None if theta is None else round(theta, 4),
+                "rows_per_iteration": s.get("rows_per_iteration"),
+                "iter_time_ms": (
+                    None if not s.get("iter_time_s") else round(1e3 * s["iter_time_s"], 3)
+                ),
+                "phase_ms_per_iteration": s.get("phase_ms_per_iteration"),
+            }
+            if pp and b in _by_batch(pp):
+                row["pp_tok_s"] = round(_by_batch(pp)[b]["decode_tok_s"], 1)
+                row["sp_over_pp"] = round(x["decode_tok_s"] / _by_batch(pp)[b]["decode_tok_s"], 3)
+            if tp and b in _by_batch(tp):
+                row["tp_tok_s"] = round(_by_batch(tp)[b]["decode_tok_s"], 1)
+                row["sp_over_tp"] = round(x["decode_tok_s"] / _by_batch(tp)[b]["decode_tok_s"], 3)
+            if theta is not None:
+                beff = b_eff_star(b, n, theta)
+                if stage is not None:
+                    t_stage = stage(b)
+                    row["pred_from_pp_tok_s"] = round(beff / t_stage, 1)
+                    row["measured_over_pred_from_pp"] = round(
+                        x["decode_tok_s"] / (beff / t_stage), 3
+                    )
+                    row["pred_from_pp_extrapolated"] = stage.extrapolates(b)
+                    if s.get("iter_time_s"):
+                        row["pp_stage_ms_same_rows"] = round(1e3 * t_stage, 3)
+                        row["sp_iter_excess_ms"] = round(1e3 * (s["iter_time_s"] - t_stage), 3)
+                if s.get("iter_time_s"):
+                    pred = beff / s["iter_time_s"]
+                    row["pred_from_sp_latency_tok_s"] = round(pred, 1)
+                    row["measured_over_pred_from_sp_latency"] = round(x["decode_tok_s"] / pred, 3)
+            rows.append(row)
+        out["sp"][sp["config"]] = {
+            "pp_baseline": pp["config"] if pp else None,
+            "tp_baseline": tp["config"] if tp else None,
+            "theta_forced": sp.get("theta_forced"),
+            "measured_head_theta": sp.get("measured_head_theta", False),
+            "rows": rows,
+        }
+    if profile:
+        try:
+            ranked = rank_configurations(parse_profile(profile))
+            out["planner_ranking"] = [
+                {
+                    "label": r.label,
+                    "mode": r.mode,
+                    "batch": r.batch,
+                    "theta": r.theta,
+                    "predicted_tok_s": round(r.throughput, 1),
+                    "extrapolated": r.extrapolated,
+                }
+                for r in ranked
+            ]
+        except Exception as e:  # noqa: BLE001
+            out["planner_ranking_error"] = repr(e)
+    return out
+
+
+def plot(models: Dict[str, Dict[str, Any]], path: str, batches: List[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
+    for ax, (name, m) in zip(axes[0], models.items()):
+        for cfg, c in m["configs"].items():
+            xs = [int(b) for b in c["decode_tok_s"]]
+            ys = list(c["decode_tok_s"].values())
+            style = "-o" if c["kind"] != "sp" else "--s"
+            label = cfg + (" (measured head Θ)" if c.get("measured_head_theta") else "")
+            ax.plot(xs, ys, style, label=label, markersize=4)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches)
+        ax.set_xticklabels([str(b) for b in batches])
+        ax.set_xlabel("batch size (concurrent requests)")
+        ax.set_ylabel("decode throughput (tokens/s)")
+        ax.set_title(f"{name}, dummy weights")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def markdown(summary: Dict[str, Any]) -> str:
+    lines: List[str] = []
+    for name, m in summary["models"].items():
+        batches = sorted({int(b) for c in m["configs"].values() for b in c["decode_tok_s"]})
+        lines += [
+            f"### {name}",
+            "",
+            "Decode throughput, tokens/s:",
+            "",
+            "| config | " + " | ".join(f"B={b}" for b in batches) + " |",
+            "|---|" + "---|" * len(batches),
+        ]
+        for cfg, c in m["configs"].items():
+            cells = [f"{c['decode_tok_s'].get(str(b), '-')}" for b in batches]
+            lines.append(f"| {cfg} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for spname, s in m["sp"].items():
+            lines += [
+                f"{spname} (PP baseline {s['pp_baseline']}, TP baseline {s['tp_baseline']}):",
+                "",
+                "| B | Θ meas. | SP/PP | SP/TP | pred. from PP stage | meas./pred. | meas./pred. (SP latency) | SP iter ms | PP stage ms (same rows) |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for r in s["rows"]:
+                ext = "*" if r.get("pred_from_pp_extrapolated") else ""
+                lines.append(
+                    f"| {r['batch']} | {r.get('acceptance')} | {r.get('sp_over_pp', '-')} | "
+                    f"{r.get('sp_over_tp', '-')} | {r.get('pred_from_pp_tok_s', '-')}{ext} | "
+                    f"{r.get('measured_over_pred_from_pp', '-')} | "
+                    f"{r.get('measured_over_pred_from_sp_latency', '-')} | {r.get('iter_time_ms', '-')} | "
+                    f"{r.get('pp_stage_ms_same_rows', '-')} |"
+                )
+            lines.append("")
+        if m.get("not_ok"):
+            lines += [
+                "Not measured: "
+                + "; ".join(f"{x['config']} ({x['status']}: {x['error']})" for x in m["not_ok"]),
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="decode_throughput.json files")
+    p.add_argument("--out", required=True)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--markdown", default=None)
+    a = p.parse_args(argv)
+    summary: Dict[str, Any] = {"inputs": [], "models": {}, "not_run": []}
+    batches: List[int] = []
+    for path in a.inputs:
+        with open(path) as f:
+            d = json.load(f)
+        summary["inputs"].append(
+            {
+                "file": path,
+                "num_gpus": d.get("num_gpus"),
+                "gpu": d.get("gpu"),
+                "kv_budget": d.get("kv_budget"),
+                "argv": d.get("argv"),
+                "input_len": d.get("input_len"),
+                "output_len": d.get("output_len"),
+                "started": d.get("started"),
+            }
+        )
+        summary["not_run"] += d.get("not_run", [])
+        batches = sorted(set(batches) | set(d.get("batches", [])))
+        for name, m in d["models"].items():
+            prof = None
+            for pr in (m.get("profiles") or {}).values():
+                prof = pr.get("profile")
+            summary["models"][name] = analyze_model(name, m["results"], prof)
+    with open(a.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    md = markdown(summary)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md + "\n")
+    if a.plot and summary["models"]:
+        plot(summary["models"], a.plot, batches)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
