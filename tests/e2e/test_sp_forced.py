@@ -88,3 +88,40 @@ def test_forced_acceptance_per_request_theta(server_factory, tiny_model_dir):
         timeout=120,
     )
     assert "spexis_force_accept must be a number in [0, 1], got 1.5" in bad.text
+
+
+def test_full_batch_is_admitted_across_a_prefill_chunk_boundary(server_factory, tiny_model_dir):
+    """64 requests whose prefill spans several chunks (one request split across two) all
+    decode together: SP's single running batch must not stay "full" after the chunked
+    request (measured before the fix: 32 rows per iteration, the last request queued for a
+    whole wave)."""
+    import random
+
+    batch, prompt_len, new_tokens = 64, 16, 96
+    args = ["--model-path", tiny_model_dir, "--load-format", "dummy", "--skip-tokenizer-init"]
+    args += sp_args(2, "random:0", "--spexis-benchmark-force-accept", "0.76")
+    args += ["--max-running-requests", str(batch), "--chunked-prefill-size", "250"]
+    args += ["--max-total-tokens", str(int(batch * (prompt_len + new_tokens) * 1.068))]
+    # sp_args sets --chunked-prefill-size 256; the last value wins
+    server = server_factory(args)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 1000) for _ in range(prompt_len)] for _ in range(batch)]
+    before = spexis_stats(server)
+    out = server.generate(
+        {
+            "input_ids": prompts,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": new_tokens,
+                "ignore_eos": True,
+            },
+        }
+    )
+    after = spexis_stats(server)
+    assert all(len(o["output_ids"]) == new_tokens for o in out)
+    iterations = after["decode_iterations"] - before["decode_iterations"]
+    rows = (after["rows_normal"] + after["rows_spec"]) - (
+        before["rows_normal"] + before["rows_spec"]
+    )
+    print(f"rows per decode iteration: {rows / iterations:.1f} of {batch}")
+    assert rows / iterations >= 0.8 * batch

@@ -672,6 +672,12 @@ class SpexisScheduler(Scheduler):
 
     def sp_admit_prefilled(self, batch: ScheduleBatch) -> None:
         """Requests whose prefill result is in start decoding under SP."""
+        if batch.chunked_req is not None:
+            # As stock SGLang does when it filters a chunked request out of a finished
+            # prefill batch: the admission limit hit while that request was in flight no
+            # longer holds. (Without this, SP's single running batch stayed "full" until a
+            # request finished, leaving the last of 512 requests queued for a whole wave.)
+            self.sp_running_batch.batch_is_full = False
         for req in batch.reqs:
             if req.finished() or req.is_retracted or req.inflight_middle_chunks > 0:
                 continue
