@@ -93,6 +93,23 @@ MODELS = {
 
 
 # ----------------------------------------------------------------------------- the plan
+def _config(name: str, kind: str, n: int, args: List[str], **extra: Any) -> Dict[str, Any]:
+    return {"name": name, "kind": kind, "n": n, "gpus": n, "args": args, **extra}
+
+
+def _sp_args(n: int, theta: float) -> List[str]:
+    return [
+        "--pp-size",
+        str(n),
+        "--spexis-draft-head",
+        "random:0",
+        "--spexis-benchmark-force-accept",
+        f"{theta:g}",
+        "--spexis-log-interval",
+        "30",
+    ]
+
+
 def plan_configs(
     stages: List[int], thetas: List[float], kinds: List[str], measured_theta: Optional[float] = None
 ) -> List[Dict[str, Any]]:
@@ -104,28 +121,12 @@ def plan_configs(
     """
     out: List[Dict[str, Any]] = []
     if "pp1" in kinds:
-        out.append({"name": "sglang_pp1", "kind": "pp1", "n": 1, "gpus": 1, "args": []})
+        out.append(_config("sglang_pp1", "pp1", 1, []))
     for n in stages:
         if "pp" in kinds:
-            out.append(
-                {
-                    "name": f"sglang_pp{n}",
-                    "kind": "pp",
-                    "n": n,
-                    "gpus": n,
-                    "args": ["--pp-size", str(n)],
-                }
-            )
+            out.append(_config(f"sglang_pp{n}", "pp", n, ["--pp-size", str(n)]))
         if "tp" in kinds:
-            out.append(
-                {
-                    "name": f"sglang_tp{n}",
-                    "kind": "tp",
-                    "n": n,
-                    "gpus": n,
-                    "args": ["--tp-size", str(n)],
-                }
-            )
+            out.append(_config(f"sglang_tp{n}", "tp", n, ["--tp-size", str(n)]))
         if "sp" in kinds and (thetas or measured_theta is not None):
             variants = [{"name": f"spexis_sp{n}_theta{th:g}", "theta": th} for th in thetas]
             if measured_theta is not None:
@@ -137,23 +138,9 @@ def plan_configs(
                     }
                 )
             out.append(
-                {
-                    "name": f"spexis_sp{n}",
-                    "kind": "sp",
-                    "n": n,
-                    "gpus": n,
-                    "variants": variants,
-                    "args": [
-                        "--pp-size",
-                        str(n),
-                        "--spexis-draft-head",
-                        "random:0",
-                        "--spexis-benchmark-force-accept",
-                        f"{variants[0]['theta']:g}",
-                        "--spexis-log-interval",
-                        "30",
-                    ],
-                }
+                _config(
+                    f"spexis_sp{n}", "sp", n, _sp_args(n, variants[0]["theta"]), variants=variants
+                )
             )
     # last, as they are second tries: stock PP with one micro-batch of slack (pp_loop_size =
     # N + 1), and SP reading stage 0's drafts synchronously (before the deferred read; the
@@ -161,35 +148,24 @@ def plan_configs(
     for n in stages:
         if "ppa" in kinds:
             out.append(
-                {
-                    "name": f"sglang_pp{n}_async1",
-                    "kind": "pp",
-                    "n": n,
-                    "gpus": n,
-                    "args": ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
-                }
+                _config(
+                    f"sglang_pp{n}_async1",
+                    "pp",
+                    n,
+                    ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
+                )
             )
         if "spsync" in kinds:
             th = 0.76 if 0.76 in thetas or not thetas else thetas[0]
             out.append(
-                {
-                    "name": f"spexis_sp{n}_syncdraft",
-                    "kind": "sp",
-                    "n": n,
-                    "gpus": n,
-                    "env": {"SPEXIS_SYNC_DRAFT_READ": "1"},
-                    "variants": [{"name": f"spexis_sp{n}_syncdraft_theta{th:g}", "theta": th}],
-                    "args": [
-                        "--pp-size",
-                        str(n),
-                        "--spexis-draft-head",
-                        "random:0",
-                        "--spexis-benchmark-force-accept",
-                        f"{th:g}",
-                        "--spexis-log-interval",
-                        "30",
-                    ],
-                }
+                _config(
+                    f"spexis_sp{n}_syncdraft",
+                    "sp",
+                    n,
+                    _sp_args(n, th),
+                    env={"SPEXIS_SYNC_DRAFT_READ": "1"},
+                    variants=[{"name": f"spexis_sp{n}_syncdraft_theta{th:g}", "theta": th}],
+                )
             )
     return out
 
