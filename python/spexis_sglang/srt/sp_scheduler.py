@@ -497,7 +497,19 @@ class SpexisScheduler(Scheduler):
             return kept
         # Not even the verified rows fit: retract requests (latest first) until they do.
         kept = self.sp_retract(kept, need - avail)
-        return kept
+        need = sum(1 for req, row in kept if row.position >= req.kv.kv_allocated_len)
+        if need <= avail:
+            return kept
+        # A retracted request's KV returns only once its rows have drained, so this iteration
+        # runs the rows that fit; the others simply wait (next_row is pure: nothing to undo).
+        fitted, budget = [], avail
+        for req, row in kept:
+            if row.position >= req.kv.kv_allocated_len:
+                if budget == 0:
+                    continue
+                budget -= 1
+            fitted.append((req, row))
+        return fitted
 
     def sp_retract(
         self, plans: List[Tuple[Req, RowPlan]], shortfall: int
@@ -681,7 +693,11 @@ class SpexisScheduler(Scheduler):
         for req in batch.reqs:
             if req.finished() or req.is_retracted or req.inflight_middle_chunks > 0:
                 continue
-            if req is self.chunked_req or req.rid in self.sp or not req.output_ids:
+            # batch.chunked_req: this batch carried a non-final chunk of req. (A retracted
+            # request keeps its output_ids, so "has output" does not mean "prefilled".)
+            if req is batch.chunked_req or req is self.chunked_req:
+                continue
+            if req.rid in self.sp or not req.output_ids:
                 continue
             if self.sp.is_draining(req.rid):
                 continue
