@@ -39,7 +39,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -87,6 +87,16 @@ class SpexisPlan:
 
     iteration: int
     dropped: List[str] = field(default_factory=list)
+
+
+class _PendingDrafts(NamedTuple):
+    """Drafts of one launched decode batch, read when the next batch is built."""
+
+    rows: List["SpexisRow"]
+    ids: Optional[torch.Tensor]  # host tensor (None on later stages: placeholders)
+    conf: Optional[torch.Tensor]
+    event: Optional[object] = None  # the device-to-host copy's completion
+    device_tensors: tuple = ()  # keeps the copy's sources alive until it is read
 
 
 @dataclass
@@ -215,7 +225,7 @@ class SpexisScheduler(Scheduler):
             )
         self.sp_retracted_waiting_drain: Dict[str, Req] = {}
         # Drafts of launched decode batches not yet read (see sp_after_launch).
-        self.sp_pending_drafts: List[tuple] = []
+        self.sp_pending_drafts: List[_PendingDrafts] = []
         self.sp_sync_draft_read = os.environ.get("SPEXIS_SYNC_DRAFT_READ", "0") == "1"
 
     # ------------------------------------------------------------------ event loop
@@ -546,7 +556,7 @@ class SpexisScheduler(Scheduler):
             return
         rows: List[SpexisRow] = batch.spexis_rows
         if not self.sp_rank0:
-            self.sp_pending_drafts.append((rows, None, None, (None,)))
+            self.sp_pending_drafts.append(_PendingDrafts(rows, None, None))
             if self.sp_sync_draft_read:
                 self.sp_apply_drafts()
             return
@@ -556,12 +566,13 @@ class SpexisScheduler(Scheduler):
         if ids.device.type != "cpu" and not self.sp_sync_draft_read:
             with self.copy_stream_ctx:
                 self.copy_stream.wait_event(self.launch_event)
-                # the device tensors stay referenced in the tuple until the copy is read
                 ids, conf = ids.to("cpu", non_blocking=True), conf.to("cpu", non_blocking=True)
                 event = self.device_module.Event()
                 event.record(self.device_module.current_stream())
         self.sp_pending_drafts.append(
-            (rows, ids, conf, (event, tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]))
+            _PendingDrafts(
+                rows, ids, conf, event, (tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY])
+            )
         )
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
@@ -572,16 +583,16 @@ class SpexisScheduler(Scheduler):
             return
         t0 = time.perf_counter()
         pending, self.sp_pending_drafts = self.sp_pending_drafts, []
-        for rows, ids, conf, (event, *_keepalive) in pending:
-            if ids is None:
-                draft_ids = [_PLACEHOLDER_TOKEN] * len(rows)
-                draft_conf = [1.0] * len(rows)
+        for p in pending:
+            if p.ids is None:
+                draft_ids = [_PLACEHOLDER_TOKEN] * len(p.rows)
+                draft_conf = [1.0] * len(p.rows)
             else:
-                if event is not None:
-                    event.synchronize()
-                draft_ids = ids.tolist()
-                draft_conf = conf.tolist()
-            for row, tok, c in zip(rows, draft_ids, draft_conf):
+                if p.event is not None:
+                    p.event.synchronize()
+                draft_ids = p.ids.tolist()
+                draft_conf = p.conf.tolist()
+            for row, tok, c in zip(p.rows, draft_ids, draft_conf):
                 self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(c))
         self.sp_stats.time_draft_sync_s += time.perf_counter() - t0
 
@@ -590,14 +601,9 @@ class SpexisScheduler(Scheduler):
         theta = getattr(req, "spexis_forced_theta", None)
         if theta is not None:
             return theta
+        # a request's own value was validated on arrival (_force_accept_param_error)
         custom = req.sampling_params.custom_params or {}
-        theta = custom.get(FORCE_ACCEPT_PARAM, self.spexis_config.force_accept)
-        try:
-            theta = float(theta)
-        except (TypeError, ValueError):
-            theta = -1.0
-        if not 0.0 <= theta <= 1.0:  # rejected on arrival (_add_request_to_queue)
-            theta = float(self.spexis_config.force_accept)
+        theta = float(custom.get(FORCE_ACCEPT_PARAM, self.spexis_config.force_accept))
         req.spexis_forced_theta = theta
         return theta
 
