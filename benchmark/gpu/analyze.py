@@ -36,6 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"
 from spexis_sglang.core.cost_model import LatencyTable, b_eff_star  # noqa: E402
 from spexis_sglang.core.planner import parse_profile, rank_configurations  # noqa: E402
 
+sys.path.insert(0, HERE)
+from decode_throughput import monotone_points  # noqa: E402
+
 
 def _by_batch(res: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     return {b["batch"]: b for b in res.get("batches", []) if b.get("decode_tok_s")}
@@ -46,16 +49,12 @@ def _peak(res: Dict[str, Any]) -> float:
 
 
 def _stage_table(pp: Dict[str, Any]) -> Optional[LatencyTable]:
-    pts = sorted(
+    pts = [
         (b["stage_batch"], b["stage_time_s"])
         for b in pp.get("batches", [])
         if b.get("stage_time_s") and b["stage_time_s"] > 0
-    )
-    mono: List[List[float]] = []
-    for x, t in pts:
-        if mono and x <= mono[-1][0]:
-            continue
-        mono.append([x, max(t, mono[-1][1]) if mono else t])
+    ]
+    mono = monotone_points(pts)
     return LatencyTable(mono, "stock PP stage time") if mono else None
 
 

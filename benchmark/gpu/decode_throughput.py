@@ -516,7 +516,7 @@ def run_config(
 
 
 # ----------------------------------------------------------------------------- profiles
-def _monotone(points: List[Tuple[float, float]]) -> List[List[float]]:
+def monotone_points(points: List[Tuple[float, float]]) -> List[List[float]]:
     """Strictly increasing batches, non-decreasing latency (running max; noise only)."""
     pts = sorted((b, t) for b, t in points if b > 0 and t and t > 0)
     out: List[List[float]] = []
@@ -541,7 +541,7 @@ def latency_table(res: Dict[str, Any]) -> List[List[float]]:
                 pts.append((r["batch"], it))
         else:
             pts.append((r["batch"], r["t_step_s"]))
-    return _monotone(pts)
+    return monotone_points(pts)
 
 
 def build_profiles(
