@@ -89,6 +89,7 @@ MODELS = {
     "qwen3-8b": os.path.join(CONFIGS, "qwen3-8b"),
     "smollm2-135m": os.path.join(CONFIGS, "smollm2-135m"),
     "tiny-llama": os.path.join(CONFIGS, "tiny-llama"),
+    "tiny-qwen3": os.path.join(CONFIGS, "tiny-qwen3"),
 }
 
 

@@ -8,23 +8,26 @@
 # Servers get the GPU machine's required flags through SPEXIS_TEST_SERVER_ARGS, float32 (the
 # CPU suite's precision) and a small memory share (two servers live at once).
 # Needs the default model's GGUF (benchmark/gpu/default_model_parts.sh join) and 2 GPUs.
-# Output: $OUT/sp_correctness_$DTYPE.log (pytest -s output, acceptance lines) and the junit XML.
+# Output: $OUT/sp_correctness_$TAG.log (pytest -s output, acceptance lines) and the junit XML.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
 gpu_site_env || exit $?
 cd "$SPEXIS_REPO"
 DTYPE=${DTYPE:-float32}
-export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.3"
+# EXTRA_SERVER_ARGS: e.g. --enable-deterministic-inference (batch-invariant kernels: bf16 GPU
+# SGLang is otherwise not batch-invariant, so PP=2 vs PP=1 differ even without Spexis)
+export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.3 ${EXTRA_SERVER_ARGS:-}"
+TAG=${TAG:-$DTYPE}
 export SPEXIS_CACHE_DIR=/tmp/spexis-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
 python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
 echo "default model ready in $((SECONDS - T0)) s"
-python3 -m pytest -p no:cacheprovider -s -q -x --junitxml "$OUT/sp_correctness_$DTYPE.xml" \
+python3 -m pytest -p no:cacheprovider -s -q -x --junitxml "$OUT/sp_correctness_$TAG.xml" \
   tests/e2e/test_sp_lossless.py -k "default_model_pp2_equals_plain or effective_batch_matches_eq2" \
-  2>&1 | tee "$OUT/sp_correctness_$DTYPE.log"
+  2>&1 | tee "$OUT/sp_correctness_$TAG.log"
 RC=${PIPESTATUS[0]}
-nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$OUT/sp_correctness_$DTYPE.log"
-echo "correctness exit $RC in $((SECONDS - T0)) s" | tee -a "$OUT/sp_correctness_$DTYPE.log"
+nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$OUT/sp_correctness_$TAG.log"
+echo "correctness exit $RC in $((SECONDS - T0)) s" | tee -a "$OUT/sp_correctness_$TAG.log"
 exit "$RC"

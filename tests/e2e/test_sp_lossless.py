@@ -67,14 +67,15 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     after = spexis_stats(sp_server)
     cmp = compare_outputs(model_dir, prompts, baseline, got, baseline=baseline_server)
     print("default model, PP=2 SP vs PP=1 plain:", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical >= 30, cmp.summary()
-    # It really speculated, and the trained head's drafts were accepted.
     spec = after["rows_spec"] - before["rows_spec"]
     acc = after["accepted"] - before["accepted"]
     rej = after["rejected"] - before["rejected"]
+    # printed before the asserts: the head's acceptance is worth knowing even on a mismatch
+    print(f"acceptance over this run: {acc / max(1, acc + rej):.3f} ({acc} / {acc + rej})")
+    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.identical >= 30, cmp.summary()
+    # It really speculated, and the trained head's drafts were accepted.
     assert spec > 0 and acc > 0 and rej > 0
-    print(f"acceptance over this run: {acc / (acc + rej):.3f} ({acc} / {acc + rej})")
 
 
 def test_effective_batch_matches_eq2(server_factory, model_dir, trained_head):

@@ -151,3 +151,7 @@ def test_cli_parses_every_step():
     assert args.exits == (15, 7) and args.preset == "gpu"
     with pytest.raises(SystemExit):
         p.parse_args(["all", "--preset", "nope"])
+    assert p.parse_args(["collect", "--collect-worker", "1/2"]).collect_worker == (1, 2)
+    for bad in ("2/2", "x", "1"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["collect", "--collect-worker", bad])

@@ -1,5 +1,6 @@
 """End to end on a tiny Llama: collect is exact, the draft head and length predictor learn."""
 
+import os
 import string
 
 import pytest
@@ -83,6 +84,29 @@ def test_collect_records_exactly_what_the_base_model_does(base, collected):
         )
     # the pattern was learnt, so answers are the rest of the alphabet (sanity of the fixture)
     assert sum(m["finished"] for m in val.meta) >= len(val.meta) - 1
+
+
+def test_parallel_collect_workers_record_the_same_data_as_one_process(base, tmp_path):
+    """Two workers (one per GPU on the device) make disjoint shards; the last one writes meta."""
+    prompts = [prompt_for(s % 23, uid=f"w{s}") for s in range(20)]
+    kw = dict(exits=(EXIT_LAYER,), max_prompt_tokens=64, max_new_tokens=12, batch_size=4)
+    single = collect(base, prompts, str(tmp_path / "one"), CollectConfig(**kw), "train")
+    par = str(tmp_path / "two")
+    first = collect(base, prompts, par, CollectConfig(**kw, worker=1, num_workers=2), "train")
+    assert first["partial"] and first["missing_shards"] == 3  # shards 0, 2, 4 are worker 0's
+    assert not os.path.exists(os.path.join(par, "meta.json"))
+    merged = collect(base, prompts, par, CollectConfig(**kw, worker=0, num_workers=2), "train")
+    assert merged["sequences"] == single["sequences"]
+    assert merged["config"] == single["config"] and merged["parallel_workers"] == 2
+    a, b = load_collected(str(tmp_path / "one")), load_collected(par)
+    assert a.tensors.keys() == b.tensors.keys()
+    for k in a.tensors:
+        assert torch.equal(a.tensors[k], b.tensors[k]), k
+    # a plain (single-process) collect afterwards finds the set complete
+    again = collect(base, prompts, par, CollectConfig(**kw), "train")
+    assert again["sequences"] == single["sequences"]
+    with pytest.raises(ValueError, match="need 0 <= worker < num_workers"):
+        CollectConfig(**kw, worker=2, num_workers=2)
 
 
 def test_draft_head_training_beats_chance_and_the_untrained_head(base, collected):

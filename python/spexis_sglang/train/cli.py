@@ -22,6 +22,16 @@ STEPS = {
 }
 
 
+def _worker(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"need 0 <= K < N, got {text!r}")
+    return k, n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spexis_sglang.train",
@@ -60,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts-file",
         default=None,
         help="prompt sets frozen by the 'prompts' step (collect then needs no data packages)",
+    )
+    p.add_argument(
+        "--collect-worker",
+        type=_worker,
+        default=None,
+        metavar="K/N",
+        help="collect only shards K, K+N, ... (one process per GPU, K from 0); "
+        "a plain collect afterwards merges the sets",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (preset default)")
     p.add_argument("--seed", type=int, default=None)

@@ -44,6 +44,16 @@ class CollectConfig:
     batch_size: int = 16
     shard_batches: int = 1  # batches per shard file (a crash loses at most one shard)
     device: str = "cpu"
+    # data parallel over processes (one per GPU): worker k of n writes shards k, k+n, ...;
+    # any later single-process run finds every shard and writes meta.json
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(
+                f"collect worker {self.worker} of {self.num_workers}: need 0 <= worker < num_workers"
+            )
 
 
 @dataclass
@@ -184,7 +194,11 @@ def collect(
     split_name: str,
     desc: str | None = None,
 ) -> dict:
-    """Generate and record ``prompts`` into ``out_dir`` (shards + ``meta.json``); resumable."""
+    """Generate and record ``prompts`` into ``out_dir`` (shards + ``meta.json``); resumable.
+
+    With ``cfg.num_workers > 1`` only this worker's shards are made and ``meta.json`` is
+    written only if every shard already exists; the returned dict then has ``partial``.
+    """
     os.makedirs(out_dir, exist_ok=True)
     done_marker = os.path.join(out_dir, "meta.json")
     if os.path.isfile(done_marker):
@@ -209,10 +223,18 @@ def collect(
     sequences_meta: list[dict] = []
     n_tokens = 0
     mismatches = 0
-    bar = tqdm(total=len(encoded), desc=desc or f"collect {split_name}", unit="prompt")
+    worker_seconds_path = os.path.join(out_dir, f"seconds-worker{cfg.worker}.json")
+    mine = [i for i in range(len(shards)) if i % cfg.num_workers == cfg.worker]
+    bar = tqdm(
+        total=sum(len(b) for i in mine for b in shards[i]),
+        desc=desc or f"collect {split_name}",
+        unit="prompt",
+    )
     for shard_idx, shard in enumerate(shards):
         shard_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors")
         shard_meta_path = shard_path + ".json"
+        if shard_idx % cfg.num_workers != cfg.worker:
+            continue
         if os.path.isfile(shard_path) and os.path.isfile(shard_meta_path):
             with open(shard_meta_path) as f:
                 smeta = json.load(f)
@@ -272,11 +294,46 @@ def collect(
             bar.update(len(batch))
             bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / max(1e-9, time.time() - t0):.0f}")
         tensors = {k: torch.cat([r[k] for r in shard_records]) for k in shard_records[0]}
-        save_file(tensors, shard_path)
-        with open(shard_meta_path, "w") as f:
+        # written under a temporary name first: parallel workers read each other's shards
+        save_file(tensors, shard_path + ".tmp")
+        os.replace(shard_path + ".tmp", shard_path)
+        with open(shard_meta_path + ".tmp", "w") as f:
             json.dump(smeta, f)
+        os.replace(shard_meta_path + ".tmp", shard_meta_path)
         sequences_meta.extend(smeta)
     bar.close()
+    seconds = time.time() - t0
+    if cfg.num_workers > 1:
+        with open(worker_seconds_path, "w") as f:
+            json.dump({"seconds": seconds, "num_workers": cfg.num_workers}, f)
+        # the other workers' shards, in shard order (load_collected concatenates in that order)
+        sequences_meta, missing = [], 0
+        for shard_idx in range(len(shards)):
+            shard_meta_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors.json")
+            if not os.path.isfile(shard_meta_path):
+                missing += 1
+                continue
+            with open(shard_meta_path) as f:
+                sequences_meta.extend(json.load(f))
+        n_tokens = sum(m["length"] for m in sequences_meta)
+        mismatches = sum(m["gen_mismatch"] for m in sequences_meta)
+    else:
+        missing = 0
+    if missing:
+        logger.info(
+            "%s: worker %d of %d done, %d shards left to other workers",
+            out_dir,
+            cfg.worker,
+            cfg.num_workers,
+            missing,
+        )
+        return {"partial": True, "missing_shards": missing, "seconds": seconds}
+    # a merge after parallel workers: the set took as long as its slowest worker
+    worker_seconds = []
+    for fn in sorted(os.listdir(out_dir)):
+        if fn.startswith("seconds-worker") and fn.endswith(".json"):
+            with open(os.path.join(out_dir, fn)) as f:
+                worker_seconds.append(float(json.load(f)["seconds"]))
     meta = {
         "config": _jsonable(cfg),
         "n_prompts": len(prompts),
@@ -286,7 +343,8 @@ def collect(
         "n_tokens": n_tokens,
         "n_answer_tokens": sum(m["answer_len"] for m in sequences_meta),
         "gen_mismatches": mismatches,
-        "seconds": time.time() - t0,
+        "seconds": max([seconds] + worker_seconds),
+        "parallel_workers": max(1, len(worker_seconds)),
         "base_model": base.name,
     }
     with open(done_marker, "w") as f:
@@ -305,7 +363,11 @@ def collect(
 
 
 def _jsonable(cfg: CollectConfig) -> dict:
-    return json.loads(json.dumps(asdict(cfg)))
+    """What the data depends on (not how the work was split)."""
+    d = json.loads(json.dumps(asdict(cfg)))
+    d.pop("worker")
+    d.pop("num_workers")
+    return d
 
 
 @dataclass

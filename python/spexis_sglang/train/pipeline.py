@@ -77,6 +77,8 @@ class PipelineConfig:
     target_precision: float = 0.8
     rank_batch: int = 64
     prompts_file: str = ""  # read the prompt sets from here instead of the data packages
+    # collect as worker k of n (one process per GPU); a plain collect afterwards merges
+    collect_worker: tuple[int, int] = (0, 1)
     command: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -157,15 +159,20 @@ def _timings_path(cfg: PipelineConfig) -> str:
 
 
 def _record_time(cfg: PipelineConfig, key: str, seconds: float) -> None:
-    path = _timings_path(cfg)
-    t = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            t = json.load(f)
-    t[key] = seconds
+    import fcntl
+
     os.makedirs(cfg.work_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(t, f, indent=1)
+    path = _timings_path(cfg)
+    # steps may run in parallel processes (one per GPU): read-modify-write under a lock
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        t = {}
+        if os.path.isfile(path):
+            with open(path) as f:
+                t = json.load(f)
+        t[key] = seconds
+        with open(path, "w") as f:
+            json.dump(t, f, indent=1)
 
 
 def _setup(cfg: PipelineConfig) -> None:
@@ -255,19 +262,27 @@ def step_collect(cfg: PipelineConfig) -> dict:
     _setup(cfg)
     t0 = time.time()
     base = base_model(cfg)
+    worker, num_workers = cfg.collect_worker
     ccfg = CollectConfig(
         exits=tuple(sorted(set(cfg.exits) | {cfg.length_exit})),
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_new_tokens=cfg.max_new_tokens,
         batch_size=cfg.batch_size,
         device=cfg.device,
+        worker=worker,
+        num_workers=num_workers,
     )
     metas = {}
     for name, prompts in data_sets(cfg).items():
         metas[name] = collect(
             base, prompts, _data_dir(cfg, name), ccfg, name, desc=f"collect {name}"
         )
-    # sum of the sets' own collection times, so a re-run that skips finished sets keeps them
+    partial = {k: m for k, m in metas.items() if m.get("partial")}
+    if partial:
+        _record_time(cfg, f"collect worker {worker}/{num_workers}", time.time() - t0)
+        return {"partial": sorted(partial), "worker": f"{worker}/{num_workers}"}
+    # sum of the sets' own collection times (with parallel workers, each set's slowest), so a
+    # re-run that skips finished sets keeps them
     _record_time(cfg, "collect", sum(float(m.get("seconds", 0.0)) for m in metas.values()))
     return {
         k: {
