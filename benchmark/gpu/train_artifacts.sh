@@ -36,7 +36,12 @@ echo "model ready in $((SECONDS - T0)) s; $WORKERS collect workers"
 
 ARGS=(--preset "$PRESET" --device "$DEVICE" --work-dir "$WORK" --prompts-file "$WORK/prompts.json"
   --artifact-dir "$R/artifacts" --results-dir "$R/results" ${EXTRA:-})
+# torch CPU threads per process: the cores shared by the processes that run at once (each
+# would take one per core; three on 32 cores made training ~4x slower in session 3)
+NCPU=$(nproc)
+threads() { echo $((NCPU / $1 > 0 ? NCPU / $1 : 1)); }
 train() { python3 -m spexis_sglang.train "$@" "${ARGS[@]}"; }
+CKPT=$WORK/checkpoints
 gpu() { [ "$DEVICE" = cuda ] && echo $(($1 % WORKERS)) || echo ""; }
 step_failed() { echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
 finish() {
@@ -49,7 +54,7 @@ finish() {
 pids=()
 for ((k = 0; k < WORKERS; k++)); do
   CUDA_VISIBLE_DEVICES=$(gpu $k) train collect --collect-worker "$k/$WORKERS" \
-    > "$R/logs/collect-$k.log" 2>&1 &
+    --threads "$(threads "$WORKERS")" > "$R/logs/collect-$k.log" 2>&1 &
   pids+=($!)
 done
 for k in "${!pids[@]}"; do wait "${pids[$k]}" || step_failed "collect worker $k" "collect-$k.log"; done
@@ -57,14 +62,21 @@ train collect > "$R/logs/collect-merge.log" 2>&1 || step_failed "collect merge" 
 echo "collected in $((SECONDS - T0)) s"
 
 EXITS=$(python3 -c "from spexis_sglang.train.pipeline import make_config as m; print(' '.join(map(str, m('$PRESET', model_path='-', work_dir='-').exits)))")
+# a step whose checkpoint exists is not run again (a second call resumes after a time-out)
+TODO=()
+for ex in $EXITS; do [ -f "$CKPT/draft-exit$ex.pt" ] || TODO+=("train-draft-$ex"); done
+[ -f "$CKPT/length.pt" ] || TODO+=(train-length)
 pids=(); names=()
 i=0
-for ex in $EXITS; do
-  CUDA_VISIBLE_DEVICES=$(gpu $i) train train-draft --exits "$ex" > "$R/logs/train-draft-$ex.log" 2>&1 &
-  pids+=($!); names+=("train-draft-$ex"); i=$((i + 1))
+for name in "${TODO[@]}"; do
+  case $name in
+    train-draft-*) cmd=(train-draft --exits "${name#train-draft-}") ;;
+    *) cmd=(train-length) ;;
+  esac
+  CUDA_VISIBLE_DEVICES=$(gpu $i) train "${cmd[@]}" --threads "$(threads ${#TODO[@]})" \
+    > "$R/logs/$name.log" 2>&1 &
+  pids+=($!); names+=("$name"); i=$((i + 1))
 done
-CUDA_VISIBLE_DEVICES=$(gpu 0) train train-length > "$R/logs/train-length.log" 2>&1 &
-pids+=($!); names+=(train-length)
 for k in "${!pids[@]}"; do wait "${pids[$k]}" || step_failed "${names[$k]}" "${names[$k]}.log"; done
 echo "trained in $((SECONDS - T0)) s"
 for s in calibrate evaluate export; do

@@ -109,6 +109,37 @@ def test_parallel_collect_workers_record_the_same_data_as_one_process(base, tmp_
         CollectConfig(**kw, worker=2, num_workers=2)
 
 
+def test_batch_gather_equals_per_sequence_padding(collected):
+    """The vectorized batch assembly = copying each sequence into a zero-padded row."""
+    from spexis_sglang.train.draft import _pad_batch
+
+    train, _ = collected
+    idx, max_len, prompt_w = [3, 0, 7, 5], 24, 0.1
+    got = _pad_batch(train, idx, EXIT_LAYER, max_len, "cpu", prompt_w)
+    lens = [min(train.meta[i]["length"], max_len) for i in idx]
+    assert max(lens) == max_len  # one row is cut at max_len
+    b, t = len(idx), max(lens)
+    want = {
+        "hidden": torch.zeros(b, t, train.tensors[f"hidden_{EXIT_LAYER}"].shape[-1]),
+        "final": torch.zeros(b, t, train.tensors["final"].shape[-1]),
+        "next": torch.zeros(b, t, dtype=torch.long),
+        "weight": torch.zeros(b, t),
+        "mask": torch.zeros(b, t, dtype=torch.bool),
+    }
+    for j, (i, n) in enumerate(zip(idx, lens)):
+        s = int(train.offsets[i])
+        want["hidden"][j, :n] = train.tensors[f"hidden_{EXIT_LAYER}"][s : s + n].float()
+        want["final"][j, :n] = train.tensors["final"][s : s + n].float()
+        want["next"][j, :n] = train.tensors["next"][s : s + n].long()
+        want["mask"][j, :n] = True
+        plen, full = train.meta[i]["prompt_len"], train.meta[i]["length"]
+        want["weight"][j, : min(plen - 1, n)] = prompt_w
+        want["weight"][j, plen - 1 : min(full - 1, n)] = 1.0
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert torch.equal(got["positions"], torch.arange(t).expand(b, t))
+
+
 def test_draft_head_training_beats_chance_and_the_untrained_head(base, collected):
     train, val = collected
     cfg = DraftTrainConfig(

@@ -15,7 +15,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -65,30 +65,40 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
 def _pad_batch(
     data: Collected, idx: list[int], exit_layer: int, max_len: int, device: str, prompt_w: float
 ) -> dict[str, torch.Tensor]:
-    lens = [min(data.meta[i]["length"], max_len) for i in idx]
-    b, t = len(idx), max(lens)
+    """Right-padded rows of sequences ``idx``: one gather per tensor, on the tensors' device
+    (the training set may live on the GPU), instead of a copy per sequence on the host."""
     h = data.tensors[f"hidden_{exit_layer}"]
-    hid = torch.zeros(b, t, h.shape[-1])
-    fin = torch.zeros(b, t, h.shape[-1]) if "final" in data.tensors else None
-    nxt = torch.zeros(b, t, dtype=torch.long)
-    w = torch.zeros(b, t)
-    mask = torch.zeros(b, t, dtype=torch.bool)
-    for j, (i, n) in enumerate(zip(idx, lens)):
-        s = int(data.offsets[i])
-        hid[j, :n] = h[s : s + n].float()
-        if fin is not None:
-            fin[j, :n] = data.tensors["final"][s : s + n].float()
-        nxt[j, :n] = data.tensors["next"][s : s + n].long()
-        mask[j, :n] = True
-        plen = data.meta[i]["prompt_len"]
-        full = data.meta[i]["length"]
-        w[j, : min(plen - 1, n)] = prompt_w
-        w[j, plen - 1 : min(full - 1, n)] = 1.0  # answer rows; the last position is after EOS
-    pos = torch.arange(t).expand(b, t)
-    out = {"hidden": hid, "next": nxt, "weight": w, "mask": mask, "positions": pos}
-    if fin is not None:
-        out["final"] = fin
+    src = h.device
+    lens = torch.tensor([min(data.meta[i]["length"], max_len) for i in idx], device=src)
+    plen = torch.tensor([data.meta[i]["prompt_len"] for i in idx], device=src)
+    full = torch.tensor([data.meta[i]["length"] for i in idx], device=src)
+    starts = data.offsets[idx].to(src)
+    b, t = len(idx), int(lens.max())
+    pos = torch.arange(t, device=src).expand(b, t)
+    mask = pos < lens[:, None]
+    where = torch.where(mask, starts[:, None] + pos, torch.zeros_like(pos))
+    m = mask[..., None]
+    out = {
+        "hidden": torch.where(m, h[where].float(), 0.0),
+        "next": torch.where(mask, data.tensors["next"][where].long(), 0),
+        # prompt rows get prompt_w; answer rows 1 (the last position is after EOS)
+        "weight": torch.where(
+            pos < torch.minimum(plen - 1, lens)[:, None],
+            torch.tensor(prompt_w, device=src),
+            ((pos >= (plen - 1)[:, None]) & (pos < torch.minimum(full - 1, lens)[:, None])).float(),
+        ),
+        "mask": mask,
+        "positions": pos,
+    }
+    if "final" in data.tensors:
+        out["final"] = torch.where(m, data.tensors["final"][where].float(), 0.0)
     return {k: v.to(device) for k, v in out.items()}
+
+
+def _on_device(data: Collected, device: str) -> Collected:
+    if str(device) == "cpu":
+        return data
+    return replace(data, tensors={k: v.to(device) for k, v in data.tensors.items()})
 
 
 def _chunk_loss(
@@ -130,6 +140,8 @@ def train_draft_head(
     rng = random.Random(cfg.seed)
     head = head.to(device).train()
     lm_w = lm_head_weight.detach().to(device, torch.float32)
+    # one copy of the (fp16) training rows on the device; batches are gathered there
+    train, val = _on_device(train, device), (None if val is None else _on_device(val, device))
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     lengths = [min(m["length"], cfg.max_seq_len) for m in train.meta]
     steps_per_epoch = len(_batches(lengths, cfg.batch_tokens, random.Random(0)))

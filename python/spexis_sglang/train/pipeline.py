@@ -178,9 +178,11 @@ def _record_time(cfg: PipelineConfig, key: str, seconds: float) -> None:
 def _setup(cfg: PipelineConfig) -> None:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    if cfg.device == "cpu":
-        torch.set_num_threads(max(1, cfg.threads))
-    else:
+    # on a GPU too: the host side (batch assembly, label building) runs torch CPU ops, and
+    # parallel step processes (benchmark/gpu/train_artifacts.sh) each default to one thread
+    # per core, oversubscribing the machine
+    torch.set_num_threads(max(1, cfg.threads))
+    if cfg.device != "cpu":
         torch.backends.cuda.matmul.allow_tf32 = False  # keep the base's greedy tokens fp32-exact
         torch.backends.cudnn.allow_tf32 = False
 
