@@ -28,13 +28,18 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 
 from spexis_sglang.core.cost_model import LatencyTable, b_eff_star  # noqa: E402
-from spexis_sglang.core.planner import parse_profile, rank_configurations  # noqa: E402
+from spexis_sglang.core.planner import (  # noqa: E402
+    Profile,
+    parse_profile,
+    rank_configurations,
+)
 
 sys.path.insert(0, HERE)
 from decode_throughput import build_profiles, monotone_points  # noqa: E402
@@ -157,8 +162,53 @@ def analyze_model(
                 }
                 for r in ranked
             ]
+            out["planner_vs_measured"] = planner_vs_measured(parse_profile(profile), ok)
         except Exception as e:  # noqa: BLE001
             out["planner_ranking_error"] = repr(e)
+    return out
+
+
+def planner_vs_measured(profile: Profile, ok: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The planner's prediction at every measured batch size beside the measurement.
+
+    ``rank_configurations`` evaluates each configuration at its ``max_batch``; setting that to
+    B gives its prediction at B. Measured: TP (or PP=1) at B; stock PP = the faster setting at
+    B; SP = the forced-Θ run whose acceptance the profile's ``theta`` holds.
+    """
+    batches = sorted({b for r in ok for b in _by_batch(r)})
+    sps = [r for r in ok if r["kind"] == "sp" and not r.get("measured_head_theta")]
+    out = []
+    for b in batches:
+        at_b = replace(profile, configs=tuple(replace(c, max_batch=b) for c in profile.configs))
+        for r in rank_configurations(at_b):
+            if r.mode == "TP":
+                kind, n = ("tp", r.tp) if r.tp > 1 else ("pp1", 1)
+                runs = [x for x in ok if x["kind"] == kind and x["n"] == n]
+            elif r.mode == "PP":
+                runs = [x for x in ok if x["kind"] == "pp" and x["n"] == r.pp]
+            elif r.mode == "SP":
+                cand = [x for x in sps if x["n"] == r.pp]
+                runs = (
+                    [min(cand, key=lambda x: abs((x["theta_forced"] or 0) - r.theta))]
+                    if cand
+                    else []
+                )
+            else:  # SP_alpha needs a rank-acceptance profile: none measured here
+                continue
+            best = _best_per_batch(runs).get(b)
+            row: Dict[str, Any] = {
+                "batch": b,
+                "label": r.label,
+                "mode": r.mode,
+                "theta": r.theta,
+                "predicted_tok_s": round(r.throughput, 1),
+                "extrapolated": r.extrapolated,
+            }
+            if best:
+                row["measured_tok_s"] = round(best[0], 1)
+                row["measured_config"] = best[1]
+                row["error"] = round(r.throughput / best[0] - 1.0, 3)
+            out.append(row)
     return out
 
 
@@ -224,6 +274,23 @@ def markdown(summary: Dict[str, Any]) -> str:
                     f"{r.get('measured_over_pred_from_pp', '-')} | "
                     f"{r.get('measured_over_pred_from_sp_latency', '-')} | {r.get('iter_time_ms', '-')} | "
                     f"{r.get('pp_stage_ms_same_rows', '-')} |"
+                )
+            lines.append("")
+        pvm = m.get("planner_vs_measured")
+        if pvm:
+            lines += [
+                "Planner (`core.planner.rank_configurations` on this run's profile, evaluated at each B) vs measured, tokens/s:",
+                "",
+                "| B | configuration | predicted | measured | error |",
+                "|---|---|---|---|---|",
+            ]
+            for r in pvm:
+                ext = "*" if r["extrapolated"] else ""
+                th = f" (Θ {r['theta']:.3f})" if r.get("theta") is not None else ""
+                meas = r.get("measured_tok_s", "-")
+                err = f"{100 * r['error']:+.1f}%" if "error" in r else "-"
+                lines.append(
+                    f"| {r['batch']} | {r['label']}{th} | {r['predicted_tok_s']}{ext} | {meas} | {err} |"
                 )
             lines.append("")
         if m.get("not_ok"):
