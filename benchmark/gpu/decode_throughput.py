@@ -356,7 +356,59 @@ def measure_batch(
     """``--repeats`` short/long pairs; the pair with the median ``T_step`` is the point (one
     iteration's time jitters by ±30% between sweeps of one server: run 3), the others' step
     times and their spread are kept."""
-    pairs = [measure_pair(srv, cfg, batch, a, vocab, rng, theta) for _ in range(max(1, a.repeats))]
+
+    def measure_pair() -> Dict[str, Any]:
+        t_s, d_s, lens_s = one_run(
+            srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout, theta
+        )
+        t_l, d_l, lens_l = one_run(
+            srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout, theta
+        )
+        steps = a.output_len - a.short_output_len
+        t_step = (t_l - t_s) / steps
+        rec: Dict[str, Any] = {
+            "batch": batch,
+            "t_short_s": round(t_s, 4),
+            "t_long_s": round(t_l, 4),
+            "outputs_ok": all(x == a.short_output_len for x in lens_s)
+            and len(lens_s) == batch
+            and all(x == a.output_len for x in lens_l)
+            and len(lens_l) == batch,
+            "t_step_s": t_step,
+            "decode_tok_s": batch / t_step if t_step > 0 else None,
+            "e2e_tok_s": batch * a.output_len / t_l,
+        }
+        n = cfg["n"]
+        if cfg["kind"] == "pp":
+            rec["stage_batch"] = batch / n
+            rec["stage_time_s"] = t_step / n
+        if cfg["kind"] == "sp" and d_s is not None and d_l is not None:
+            diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
+            rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731
+            verdicts = d_l.get("accepted", 0) + d_l.get("rejected", 0)
+            iters = d_l.get("iterations", 0) - d_s.get("iterations", 0)
+            rec["sp"] = {
+                "short": d_s,
+                "long": d_l,
+                "d_decode_iterations": diters,
+                "iter_time_s": (t_l - t_s) / diters if diters > 0 else None,
+                "rows_per_iteration": (rows(d_l) - rows(d_s)) / diters if diters > 0 else None,
+                "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
+                "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
+                # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
+                "phase_ms_per_iteration": (
+                    {
+                        k[len("time_") : -len("_s")]: round(1e3 * (d_l[k] - d_s[k]) / iters, 4)
+                        for k in SP_COUNTERS
+                        if k.startswith("time_") and k in d_l and k in d_s
+                    }
+                    if iters > 0
+                    else None
+                ),
+            }
+        return rec
+
+    pairs = [measure_pair() for _ in range(max(1, a.repeats))]
     if len(pairs) == 1:
         return pairs[0]
     pairs.sort(key=lambda r: r["t_step_s"])
@@ -365,66 +417,6 @@ def measure_batch(
     rec["repeats_t_step_s"] = [round(t, 6) for t in steps]
     rec["repeats_spread"] = round((steps[-1] - steps[0]) / rec["t_step_s"], 4)
     rec["outputs_ok"] = all(r["outputs_ok"] for r in pairs)
-    return rec
-
-
-def measure_pair(
-    srv: Server,
-    cfg: Dict[str, Any],
-    batch: int,
-    a: argparse.Namespace,
-    vocab: int,
-    rng: random.Random,
-    theta: Optional[float] = None,
-) -> Dict[str, Any]:
-    t_s, d_s, lens_s = one_run(
-        srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout, theta
-    )
-    t_l, d_l, lens_l = one_run(
-        srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout, theta
-    )
-    steps = a.output_len - a.short_output_len
-    t_step = (t_l - t_s) / steps
-    rec: Dict[str, Any] = {
-        "batch": batch,
-        "t_short_s": round(t_s, 4),
-        "t_long_s": round(t_l, 4),
-        "outputs_ok": all(x == a.short_output_len for x in lens_s)
-        and len(lens_s) == batch
-        and all(x == a.output_len for x in lens_l)
-        and len(lens_l) == batch,
-        "t_step_s": t_step,
-        "decode_tok_s": batch / t_step if t_step > 0 else None,
-        "e2e_tok_s": batch * a.output_len / t_l,
-    }
-    n = cfg["n"]
-    if cfg["kind"] == "pp":
-        rec["stage_batch"] = batch / n
-        rec["stage_time_s"] = t_step / n
-    if cfg["kind"] == "sp" and d_s is not None and d_l is not None:
-        diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
-        rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731
-        verdicts = d_l.get("accepted", 0) + d_l.get("rejected", 0)
-        iters = d_l.get("iterations", 0) - d_s.get("iterations", 0)
-        rec["sp"] = {
-            "short": d_s,
-            "long": d_l,
-            "d_decode_iterations": diters,
-            "iter_time_s": (t_l - t_s) / diters if diters > 0 else None,
-            "rows_per_iteration": (rows(d_l) - rows(d_s)) / diters if diters > 0 else None,
-            "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
-            "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
-            # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
-            "phase_ms_per_iteration": (
-                {
-                    k[len("time_") : -len("_s")]: round(1e3 * (d_l[k] - d_s[k]) / iters, 4)
-                    for k in SP_COUNTERS
-                    if k.startswith("time_") and k in d_l and k in d_s
-                }
-                if iters > 0
-                else None
-            ),
-        }
     return rec
 
 
