@@ -90,6 +90,39 @@ def test_forced_acceptance_per_request_theta(server_factory, tiny_model_dir):
     assert "spexis_force_accept must be a number in [0, 1], got 1.5" in bad.text
 
 
+def test_penalties_are_refused_with_a_clear_error_and_nothing_else_is_lost(
+    server_factory, tiny_model_dir
+):
+    """SP rebuilds its sampling state every iteration, so SGLang's penalizers (which cumulate
+    over decode steps) would silently do nothing: such requests are refused, by name."""
+    import requests
+
+    args = ["--model-path", tiny_model_dir, "--load-format", "dummy"]
+    args += sp_args(3, "random:0", "--spexis-benchmark-force-accept", str(THETA))
+    server = server_factory(args)  # the same server as above
+    prompt = templated(tiny_model_dir, ["Say something."])[0]
+    bad = requests.post(
+        server.base_url + "/generate",
+        json={
+            "input_ids": prompt,
+            "sampling_params": {
+                "max_new_tokens": 8,
+                "frequency_penalty": 0.5,
+                "min_new_tokens": 2,
+            },
+        },
+        timeout=120,
+    )
+    assert (
+        "Spexis speculative parallelism does not support frequency_penalty, min_new_tokens yet"
+        in bad.text
+    ), bad.text
+    out = server.generate(
+        {"input_ids": [prompt], "sampling_params": {"temperature": 0.0, "max_new_tokens": 8}}
+    )
+    assert len(out[0]["output_ids"]) == 8
+
+
 def test_full_batch_is_admitted_across_a_prefill_chunk_boundary(server_factory, tiny_model_dir):
     """64 requests whose prefill spans several chunks (one request split across two) all
     decode together: SP's single running batch must not stay "full" after the chunked

@@ -69,6 +69,10 @@ FORCE_ACCEPT_PARAM = "spexis_force_accept"
 _MASK64 = (1 << 64) - 1
 
 
+# constrained decoding: SP rows neither advance nor check a grammar's state
+SP_UNSUPPORTED_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
 def _uniform64(base: int, position: int, epoch: int) -> float:
     """A uniform number in [0, 1) from three integers (splitmix64's finaliser)."""
     x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
@@ -609,11 +613,39 @@ class SpexisScheduler(Scheduler):
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
-            error = self._force_accept_param_error(req)
+            error = self._force_accept_param_error(req) or self._sp_unsupported_error(req)
             if error:
                 logger.warning("Spexis: aborting request %s: %s", req.rid, error)
                 req.set_finish_with_abort(error)
         return super()._add_request_to_queue(req, is_retracted=is_retracted)
+
+    def _sp_unsupported_error(self, req: Req) -> Optional[str]:
+        """Sampling features SP would get wrong, refused instead of silently changed.
+
+        SP builds each iteration's sampling state afresh from its rows, so the penalizers'
+        running state (stock SGLang cumulates it every decode step) would always be empty,
+        and its rows do not advance or check a grammar's state.
+        """
+        if not self.sp_enabled:
+            return None
+        sp = req.sampling_params
+        used = [
+            name
+            for name, active in (
+                ("frequency_penalty", bool(sp.frequency_penalty)),
+                ("presence_penalty", bool(sp.presence_penalty)),
+                ("repetition_penalty", sp.repetition_penalty != 1.0),
+                ("min_new_tokens", bool(sp.min_new_tokens)),
+                *((k, getattr(sp, k, None) is not None) for k in SP_UNSUPPORTED_GRAMMARS),
+            )
+            if active
+        ]
+        if not used:
+            return None
+        return (
+            f"Spexis speculative parallelism does not support {', '.join(used)} yet; "
+            "send this request to a server without --spexis-draft-head"
+        )
 
     def _force_accept_param_error(self, req: Req) -> Optional[str]:
         """A request's ``custom_params.spexis_force_accept`` is only for the benchmark mode."""
