@@ -73,6 +73,15 @@ _MASK64 = (1 << 64) - 1
 SP_UNSUPPORTED_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
+def _needs_slot(req: Req, row: RowPlan) -> bool:
+    """The row writes past the request's allocated KV: it needs a new slot."""
+    return row.position >= req.kv.kv_allocated_len
+
+
+def _slots_needed(plans: List[Tuple[Req, RowPlan]]) -> int:
+    return sum(1 for req, row in plans if _needs_slot(req, row))
+
+
 def _uniform64(base: int, position: int, epoch: int) -> float:
     """A uniform number in [0, 1) from three integers (splitmix64's finaliser)."""
     x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
@@ -410,7 +419,7 @@ class SpexisScheduler(Scheduler):
         tokens, positions, pool_idx = [], [], []
         new_pool_idx, new_positions = [], []
         for req, row in plans:
-            if row.position >= req.kv.kv_allocated_len:
+            if _needs_slot(req, row):
                 new_pool_idx.append(req.req_pool_idx)
                 new_positions.append(row.position)
                 req.kv.kv_allocated_len = row.position + 1
@@ -492,7 +501,7 @@ class SpexisScheduler(Scheduler):
 
     def sp_fit_memory(self, plans: List[Tuple[Req, RowPlan]]) -> List[Tuple[Req, RowPlan]]:
         """Make room for the rows that need a new KV slot; speculation gives way first."""
-        need = sum(1 for req, row in plans if row.position >= req.kv.kv_allocated_len)
+        need = _slots_needed(plans)
         if need == 0:
             return plans
         evict_from_tree_cache(self.tree_cache, need)
@@ -501,24 +510,23 @@ class SpexisScheduler(Scheduler):
             return plans
         kept = []
         for req, row in plans:
-            needs_slot = row.position >= req.kv.kv_allocated_len
-            if needs_slot and row.is_spec:
+            if row.is_spec and _needs_slot(req, row):
                 self.sp.drop_draft(req.rid)
                 continue
             kept.append((req, row))
-        need = sum(1 for req, row in kept if row.position >= req.kv.kv_allocated_len)
+        need = _slots_needed(kept)
         if avail >= need:
             return kept
         # Not even the verified rows fit: retract requests (latest first) until they do.
         kept = self.sp_retract(kept, need - avail)
-        need = sum(1 for req, row in kept if row.position >= req.kv.kv_allocated_len)
+        need = _slots_needed(kept)
         if need <= avail:
             return kept
         # A retracted request's KV returns only once its rows have drained, so this iteration
         # runs the rows that fit; the others simply wait (next_row is pure: nothing to undo).
         fitted, budget = [], avail
         for req, row in kept:
-            if row.position >= req.kv.kv_allocated_len:
+            if _needs_slot(req, row):
                 if budget == 0:
                     continue
                 budget -= 1
