@@ -5,8 +5,11 @@
 #     32 prompts x 64 tokens (tests/e2e/compare.py tells near-ties and baseline batch-instability
 #     from real mismatches), and the real acceptance of the head on those prompts;
 #   * committed tokens per row against Eq. 2.
-# Servers get the GPU machine's required flags through SPEXIS_TEST_SERVER_ARGS, float32 (the
-# CPU suite's precision) and a small memory share (two servers live at once).
+# Servers get the GPU machine's required flags through SPEXIS_TEST_SERVER_ARGS, bf16 with
+# SGLang's batch-invariant kernels (--enable-deterministic-inference: without them bf16 SGLang
+# itself is not batch-invariant on the GPU, so PP=2 and PP=1 differ even without Spexis; float32
+# has no sgl_kernel rmsnorm on the GPU) and a small memory share (two servers live at once).
+# Session 4, 2x H200: 32/32 prompts identical, 261 s (benchmark/README.md "GPU correctness").
 # Needs the default model's GGUF (benchmark/gpu/default_model_parts.sh join) and 2 GPUs.
 # Output: $OUT/sp_correctness_$TAG.log (pytest -s output, acceptance lines) and the junit XML.
 set -uo pipefail
@@ -14,11 +17,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
 gpu_site_env || exit $?
 cd "$SPEXIS_REPO"
-DTYPE=${DTYPE:-float32}
-# EXTRA_SERVER_ARGS: e.g. --enable-deterministic-inference (batch-invariant kernels: bf16 GPU
-# SGLang is otherwise not batch-invariant, so PP=2 vs PP=1 differ even without Spexis)
+DTYPE=${DTYPE:-bfloat16}
+# EXTRA_SERVER_ARGS: more server flags; EXTRA_SERVER_ARGS= (empty) turns the deterministic
+# kernels off (the session-2 control: bf16 flips that plain SGLang shows too)
+EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS---enable-deterministic-inference}
 export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.3 ${EXTRA_SERVER_ARGS:-}"
-TAG=${TAG:-$DTYPE}
+TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}}
 export SPEXIS_CACHE_DIR=/tmp/spexis-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
