@@ -57,9 +57,12 @@ def test_length_predictor_loads_with_calibrated_cutoffs():
     assert all(0.0 < c <= 1.0 for c in lp.cfg.cutoffs)
     assert cfg.extra["target_precision"] == 0.8
     assert len(cfg.extra["precision"]) == 5
-    # written before scalar features existed: loads as the paper's hidden-state-only predictor
-    assert "features" not in cfg.extra and lp.cfg.features == ()
-    assert lp.cfg.output == "independent"
+    # the current recipe (session 4): hidden state only, monotone cumulative outputs, trained on
+    # the unbiased window mask
+    assert cfg.extra["features"] == [] and lp.cfg.features == ()
+    assert lp.cfg.output == "cumulative" and cfg.extra["label_mask"] == "window"
+    probs = torch.sigmoid(lp(torch.randn(64, 576)))
+    assert (probs[:, 1:] >= probs[:, :-1] - 1e-6).all(), "cumulative outputs must be monotone"
 
 
 def test_default_model_config_matches_if_converted():
