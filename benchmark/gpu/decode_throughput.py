@@ -561,22 +561,36 @@ def latency_table(res: Dict[str, Any]) -> List[List[float]]:
     return monotone_points(pts)
 
 
+def best_per_batch_run(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One result made of the faster of ``runs`` (settings of one configuration) at each batch
+    size; its ``config`` names them all."""
+    by_batch: Dict[int, Dict[str, Any]] = {}
+    for r in runs:
+        for x in r["batches"]:
+            if not x.get("decode_tok_s"):
+                continue
+            cur = by_batch.get(x["batch"])
+            if cur is None or x["decode_tok_s"] > cur["decode_tok_s"]:
+                by_batch[x["batch"]] = dict(x, config=r["config"])
+    merged = dict(runs[0])
+    merged["config"] = "best per batch of " + ", ".join(r["config"] for r in runs)
+    merged["batches"] = [by_batch[b] for b in sorted(by_batch)]
+    return merged
+
+
 def build_profiles(
     model: str, results: List[Dict[str, Any]], a: argparse.Namespace
 ) -> Dict[int, Dict[str, Any]]:
     ok = [r for r in results if r["status"] == "run" and latency_table(r)]
-    # one entry per (kind, n) for the planner: the stronger of stock PP's settings
-    best: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    # one entry per (kind, n) for the planner: where stock PP ran in several settings (async
+    # depth), the faster of them at each batch size, as the analysis compares SP against
+    groups: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
     for r in ok:
-        if r["kind"] == "sp":
-            continue
-        peak = max((b.get("decode_tok_s") or 0) for b in r["batches"])
-        key = (r["kind"], r["n"])
-        if key not in best or peak > max(
-            (b.get("decode_tok_s") or 0) for b in best[key]["batches"]
-        ):
-            best[key] = r
-    ok = [r for r in ok if r["kind"] == "sp" or best.get((r["kind"], r["n"])) is r]
+        if r["kind"] != "sp":
+            groups.setdefault((r["kind"], r["n"]), []).append(r)
+    ok = [r for r in ok if r["kind"] == "sp"] + [
+        rs[0] if len(rs) == 1 else best_per_batch_run(rs) for rs in groups.values()
+    ]
     profiles: Dict[int, Dict[str, Any]] = {}
     tps = a.input_len + a.output_len
     for g in sorted({r["gpus"] for r in ok}):
