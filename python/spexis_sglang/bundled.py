@@ -1,4 +1,5 @@
-"""Resolve ``--spexis-draft-head bundled`` to the trained head shipped for the served model.
+"""Resolve ``--spexis-draft-head bundled`` (and ``--spexis-length-predictor bundled``) to the
+trained artifacts shipped for the served model.
 
 Heads live in ``spexis_sglang/artifacts/<model>/draft-exit<L>/``; the exit layer ``L`` must be
 stage 0's depth, which depends on ``--pp-size`` (and ``SGLANG_PP_LAYER_PARTITION``).
@@ -61,4 +62,13 @@ def bundled_draft_head(model_path: str, pp_size: int) -> str:
             "SGLANG_PP_LAYER_PARTITION so stage 0 ends at a bundled exit, or pass "
             "--spexis-draft-head DIR"
         )
+    return path
+
+
+def bundled_length_predictor(model_path: str) -> str:
+    """The remaining-length predictor shipped for the served model (its exit layer is
+    checked against stage 0's depth by the caller)."""
+    path = os.path.join(_model_folder(model_path), "length")
+    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+        raise BundledHeadError(f"no bundled length predictor in {os.path.dirname(path)}")
     return path

@@ -130,6 +130,30 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Seconds between Spexis statistics log lines (acceptance, effective batch, "
         "row kinds); 0 turns them off. Default: 10.",
     )
+    group.add_argument(
+        "--spexis-length-predictor",
+        default=None,
+        metavar="DIR|bundled",
+        help="Remaining-length predictor run on stage 0's exit hidden state (§5.2): an "
+        "artifact directory or 'bundled' (the one shipped for the default model). Needs "
+        "--spexis-draft-head. Default: off.",
+    )
+    group.add_argument(
+        "--spexis-lookahead-admission",
+        action="store_true",
+        help="Look-ahead admission (§5.2, Algorithm 1): project the running requests' KV use "
+        "over the next 64 iterations from their predicted remaining lengths and delay a new "
+        "request when admitting it now costs more (expected evictions and recomputes) than "
+        "it gains. Needs --spexis-length-predictor.",
+    )
+    group.add_argument(
+        "--spexis-admission-pdr",
+        type=float,
+        default=2.0,
+        metavar="RATIO",
+        help="Prefill-to-decode latency ratio used by look-ahead admission's gain G "
+        "(t_prefill / t_decode of one iteration). Default: 2.",
+    )
     return group
 
 
@@ -142,11 +166,20 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         raise LaunchError(f"--spexis-alpha must be in [0, 1), got {args.spexis_alpha}")
     if args.spexis_log_interval < 0:
         raise LaunchError("--spexis-log-interval must be >= 0")
+    if args.spexis_lookahead_admission and args.spexis_length_predictor is None:
+        raise LaunchError("--spexis-lookahead-admission needs --spexis-length-predictor")
+    if not args.spexis_admission_pdr > 0:
+        raise LaunchError(f"--spexis-admission-pdr must be > 0, got {args.spexis_admission_pdr}")
     if head is None:
         if args.spexis_alpha:
             raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
         if args.spexis_benchmark_force_accept is not None:
             raise LaunchError("--spexis-benchmark-force-accept needs --spexis-draft-head")
+        if args.spexis_length_predictor is not None:
+            raise LaunchError(
+                "--spexis-length-predictor needs --spexis-draft-head (it runs beside the "
+                "draft head on stage 0)"
+            )
         return SpexisConfig(log_interval=args.spexis_log_interval)
     if server_args.pp_size < 2:
         raise LaunchError(
@@ -193,46 +226,78 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
                 "--spexis-benchmark-force-accept makes outputs that are not the model's; it is "
                 "refused unless the weights are random anyway (--load-format dummy)"
             )
+    predictor = args.spexis_length_predictor
+    if predictor is not None:
+        predictor = resolve_length_predictor(predictor, server_args)
     return SpexisConfig(
         draft_head=head,
         alpha=args.spexis_alpha,
         force_accept=theta,
         log_interval=args.spexis_log_interval,
+        length_predictor=predictor,
+        lookahead_admission=args.spexis_lookahead_admission,
+        admission_pdr=args.spexis_admission_pdr,
     )
+
+
+def resolve_length_predictor(value: str, server_args) -> str:
+    """The predictor's artifact directory, checked against the model and stage 0's depth."""
+    where = f"--spexis-length-predictor {value}"
+    if value == "bundled":
+        from spexis_sglang.bundled import BundledHeadError, bundled_length_predictor
+
+        try:
+            path = bundled_length_predictor(server_args.model_path)
+        except BundledHeadError as e:
+            raise LaunchError(f"{where}: {e}") from None
+    else:
+        path = os.path.abspath(os.path.expanduser(value))
+        if not os.path.isdir(path):
+            raise LaunchError(f"{where}: no such artifact directory")
+        for name in ("config.json", "model.safetensors"):
+            if not os.path.isfile(os.path.join(path, name)):
+                raise LaunchError(f"{where}: {name} is missing")
+    cfg = _check_stage0_artifact(path, server_args, "length_predictor", where)
+    features = cfg.extra.get("features") or []
+    if features:
+        raise LaunchError(
+            f"{where}: the server runs hidden-state-only predictors; this one also reads "
+            f"{', '.join(features)}"
+        )
+    return path
 
 
 def check_draft_head_artifact(path: str, server_args) -> None:
     """Refuse, before any process starts, a head trained for another model or exit layer."""
+    _check_stage0_artifact(path, server_args, "draft_head", f"--spexis-draft-head {path}")
+
+
+def _check_stage0_artifact(path: str, server_args, kind: str, where: str):
+    """An artifact of ``kind`` read at stage 0's exit: same base model, same exit layer."""
     from spexis_sglang.bundled import stage0_end_layer
     from spexis_sglang.models.artifact import (
-        ArtifactConfig,
         ArtifactMismatchError,
         check_compatible,
+        read_artifact_config,
     )
 
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            cfg = ArtifactConfig.from_dict(json.load(f))
+        cfg = read_artifact_config(path)
         with open(os.path.join(server_args.model_path, "config.json")) as f:
             base = json.load(f)
         exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
-        check_compatible(
-            cfg,
-            base,
-            expected_kind="draft_head",
-            exit_layer=exit_layer,
-            where=f"--spexis-draft-head {path}",
-        )
+        check_compatible(cfg, base, expected_kind=kind, exit_layer=exit_layer, where=where)
     except ArtifactMismatchError as e:
         hint = ""
         if "exit_layer" in str(e):
             hint = (
                 " (set SGLANG_PP_LAYER_PARTITION so that stage 0 holds exactly the artifact's "
-                "exit layers, or use a head trained for this split)"
+                "exit layers, or use an artifact trained for this split)"
             )
         raise LaunchError(str(e) + hint) from None
     except (OSError, ValueError, KeyError) as e:
-        raise LaunchError(f"--spexis-draft-head {path}: unreadable artifact ({e})") from None
+        raise LaunchError(f"{where}: unreadable artifact ({e})") from None
+    return cfg
 
 
 def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:

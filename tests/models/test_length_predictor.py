@@ -154,3 +154,18 @@ def test_old_format_config_loads_as_hidden_state_only(tmp_path):
     assert loaded.cfg.features == () and loaded.cfg.output == "independent"
     h = torch.randn(4, 64)
     torch.testing.assert_close(loaded.probabilities(h), m.probabilities(h), atol=5e-3, rtol=5e-3)
+
+
+def test_predicted_bucket_is_the_smallest_threshold_predicted_or_minus_one():
+    from spexis_sglang.models.length_predictor import predicted_bucket
+
+    pred = torch.tensor(
+        [
+            [False, False, True, True, True],
+            [True, True, True, True, True],
+            [False, False, False, False, False],
+            [False, True, False, True, False],  # independent outputs need not be monotone
+        ]
+    )
+    assert predicted_bucket(pred).tolist() == [2, 0, -1, 1]
+    assert predicted_bucket(pred).dtype == torch.int64

@@ -51,6 +51,34 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             ["--pp-size", "3", "--spexis-draft-head", "bundled"],
             "no bundled draft head at exit layer 10",
         ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "bundled", "--spexis-lookahead-admission"],
+            "--spexis-lookahead-admission needs --spexis-length-predictor",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-length-predictor", "bundled"],
+            "--spexis-length-predictor needs --spexis-draft-head",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "bundled"]
+            + ["--spexis-length-predictor", "/nonexistent/lp"],
+            "--spexis-length-predictor /nonexistent/lp: no such artifact directory",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "bundled"]
+            + ["--spexis-length-predictor", os.path.join(HEADS, "draft-exit15")],
+            "kind is 'draft_head', expected 'length_predictor'",
+        ),
+        (
+            ["--pp-size", "3", "--spexis-draft-head", "random:0"]
+            + ["--spexis-length-predictor", "bundled"],
+            "'exit_layer' is 15 in the artifact but the server's stage 0 ends after layer 10",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "bundled"]
+            + ["--spexis-length-predictor", "bundled", "--spexis-admission-pdr", "0"],
+            "--spexis-admission-pdr must be > 0",
+        ),
     ],
 )
 def test_bad_spexis_flags_are_refused(argv, message, capsys):
@@ -63,6 +91,36 @@ def test_bundled_head_matches_stage0_of_pp2():
     path = bundled_draft_head(ensure_default_model(), 2)
     assert path.endswith("draft-exit15")
     assert os.path.isfile(os.path.join(path, "model.safetensors"))
+
+
+def test_lookahead_admission_flags_resolve_the_bundled_predictor():
+    from spexis_sglang.launch_server import prepare_server_args
+
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    argv += ["--spexis-draft-head", "bundled", "--spexis-length-predictor", "bundled"]
+    argv += ["--spexis-lookahead-admission", "--spexis-admission-pdr", "3"]
+    _, cfg = prepare_server_args(argv)
+    assert cfg.length_predictor == os.path.join(HEADS, "length")
+    assert cfg.lookahead_admission and cfg.admission_pdr == 3.0
+
+
+def test_predictor_reading_scalar_features_is_refused(tmp_path, capsys):
+    """The server feeds the predictor the hidden state only: an artifact that also needs
+    tokens_generated is refused at launch, not misread in every iteration."""
+    import json
+    import shutil
+
+    lp = tmp_path / "lp"
+    shutil.copytree(os.path.join(HEADS, "length"), lp)
+    cfg = json.loads((lp / "config.json").read_text())
+    cfg["extra"]["features"] = ["tokens_generated"]
+    (lp / "config.json").write_text(json.dumps(cfg))
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    argv += ["--spexis-draft-head", "bundled", "--spexis-length-predictor", str(lp)]
+    assert launch_server.main(argv) == 2
+    assert "hidden-state-only predictors; this one also reads tokens_generated" in (
+        capsys.readouterr().err
+    )
 
 
 def test_mismatched_base_model_is_refused(tmp_path, capsys):

@@ -197,19 +197,26 @@ def save_artifact(
         f.write(cfg.to_json())
 
 
-def read_artifact(path: str) -> tuple[ArtifactConfig, dict[str, torch.Tensor]]:
-    """Read an artifact directory; weights stay in their stored dtype."""
+def read_artifact_config(path: str) -> ArtifactConfig:
+    """An artifact directory's ``config.json`` alone (no weights read)."""
     cfg_path = os.path.join(path, CONFIG_FILE)
-    weights_path = os.path.join(path, WEIGHTS_FILE)
-    for p in (cfg_path, weights_path):
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"artifact directory {path!r} has no {os.path.basename(p)}")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"artifact directory {path!r} has no {CONFIG_FILE}")
     with open(cfg_path) as f:
         try:
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise ArtifactMismatchError(f"{cfg_path} is not valid JSON: {e}") from e
-    return ArtifactConfig.from_dict(data), load_file(weights_path)
+    return ArtifactConfig.from_dict(data)
+
+
+def read_artifact(path: str) -> tuple[ArtifactConfig, dict[str, torch.Tensor]]:
+    """Read an artifact directory; weights stay in their stored dtype."""
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    cfg = read_artifact_config(path)
+    if not os.path.isfile(weights_path):
+        raise FileNotFoundError(f"artifact directory {path!r} has no {WEIGHTS_FILE}")
+    return cfg, load_file(weights_path)
 
 
 def load_state_strict(

@@ -154,6 +154,14 @@ class LengthPredictor(nn.Module):
         return self.probabilities(hidden, tokens_generated, prompt_len) >= cut
 
 
+def predicted_bucket(predicted: torch.Tensor) -> torch.Tensor:
+    """Int64 [...]: the smallest threshold index predicted true per row, -1 where none is
+    (the bucket convention of ``spexis_sglang.core.lookahead``)."""
+    hit = predicted.to(torch.bool)
+    first = torch.argmax(hit.to(torch.int8), dim=-1)
+    return torch.where(hit.any(dim=-1), first, torch.full_like(first, -1)).to(torch.int64)
+
+
 def save_length_predictor(
     path: str,
     model: LengthPredictor,

@@ -30,6 +30,13 @@ class SpexisConfig:
     force_accept: Optional[float] = None
     #: Seconds between the periodic Spexis statistics log lines (0 = never).
     log_interval: float = 10.0
+    #: Artifact directory of the remaining-length predictor run on stage 0 (None = off).
+    length_predictor: Optional[str] = None
+    #: Look-ahead admission (§5.2): delay new requests when admitting them now costs more
+    #: (expected evictions and recomputes) than it gains. Needs ``length_predictor``.
+    lookahead_admission: bool = False
+    #: Prefill-to-decode latency ratio ``t_p / t_d`` of the admission gain G.
+    admission_pdr: float = 2.0
 
     @property
     def enabled(self) -> bool:

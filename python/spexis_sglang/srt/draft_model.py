@@ -25,7 +25,10 @@ The head is configured per process by ``SPEXIS_DRAFT_HEAD``: an artifact directo
 seed and identical on every TP rank; for losslessness tests and dummy-weight benchmarks).
 
 The model returns its stage-0 ``PPProxyTensors`` with two extra keys: ``spexis_draft_ids`` (int64
-``[num_seqs]``) and ``spexis_draft_conf`` (float32 ``[num_seqs]``).
+``[num_seqs]``) and ``spexis_draft_conf`` (float32 ``[num_seqs]``). With a remaining-length
+predictor configured (``--spexis-length-predictor``) a third, ``spexis_length_bucket`` (int64
+``[num_seqs]``, the smallest threshold predicted, -1 for none), comes from the same exit residual
+stream ``h + r`` at each sequence's last token, in fp32.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
 
 PROXY_DRAFT_IDS = "spexis_draft_ids"
 PROXY_DRAFT_CONF = "spexis_draft_conf"
+# Stage 0's remaining-length bucket per row (with --spexis-length-predictor); read by stage 0's
+# scheduler only, never sent down the pipe.
+PROXY_LENGTH_BUCKET = "spexis_length_bucket"
 
 RANDOM_PREFIX = "random:"
 RANDOM_NUM_LAYERS = 1
@@ -485,6 +491,8 @@ class _SpexisDraftMixin:
 
     def _spexis_init_draft_head(self) -> None:
         self.spexis_draft_head = None
+        self._spexis_length_path: Optional[str] = None
+        self._spexis_length_predictor = None
         self._spexis_pending_weights: Optional[Dict[str, torch.Tensor]] = None
         self._spexis_trace_path = os.environ.get(ENV_DRAFT_TRACE) or None
         value = os.environ.get(ENV_DRAFT_HEAD)
@@ -499,6 +507,9 @@ class _SpexisDraftMixin:
             self.config, spec, first_layer_id=end_layer, prefix="spexis_draft_head"
         )
         self._spexis_pending_weights = spec.weights
+        from spexis_sglang.srt.config import get_config
+
+        self._spexis_length_path = get_config().length_predictor
         logger.info(
             "spexis draft head %s: %d attention layer(s) at KV layer ids %d..%d after stage 0's "
             "layers [%d, %d)",
@@ -551,18 +562,39 @@ class _SpexisDraftMixin:
         with open(self._spexis_trace_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _spexis_length_buckets(self, exit_hidden: torch.Tensor) -> torch.Tensor:
+        """Remaining-length bucket per row; the predictor is loaded on first use, on the
+        hidden state's device in fp32 (it is 1 MB; the launcher has already checked it)."""
+        from spexis_sglang.models.length_predictor import load_length_predictor, predicted_bucket
+
+        if self._spexis_length_predictor is None:
+            lp, _ = load_length_predictor(
+                self._spexis_length_path,
+                self.config,
+                exit_layer=int(self.model.end_layer),
+                device=exit_hidden.device,
+            )
+            self._spexis_length_predictor = lp.eval()
+            logger.info("spexis length predictor %s on stage 0", self._spexis_length_path)
+        return predicted_bucket(self._spexis_length_predictor.predict(exit_hidden.float()))
+
     def _spexis_forward(self, out: Any, positions: torch.Tensor, forward_batch: ForwardBatch):
         hidden = out["hidden_states"]
         residual = out.tensors.get("residual")
         if forward_batch.forward_mode.is_idle() or hidden.shape[0] == 0:
             out[PROXY_DRAFT_IDS] = torch.zeros(0, dtype=torch.int64, device=hidden.device)
             out[PROXY_DRAFT_CONF] = torch.zeros(0, dtype=torch.float32, device=hidden.device)
+            if self._spexis_length_path is not None:
+                out[PROXY_LENGTH_BUCKET] = torch.zeros(0, dtype=torch.int64, device=hidden.device)
             return out
         ids, conf, last = self.spexis_draft_head(
             hidden, residual, positions, forward_batch, self.model.embed_tokens.weight
         )
         out[PROXY_DRAFT_IDS] = ids
         out[PROXY_DRAFT_CONF] = conf
+        if self._spexis_length_path is not None:
+            x = hidden if residual is None else hidden + residual
+            out[PROXY_LENGTH_BUCKET] = self._spexis_length_buckets(x[last])
         if self._spexis_trace_path:
             self._spexis_trace(forward_batch, positions, last, ids, conf)
         return out

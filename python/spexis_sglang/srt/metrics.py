@@ -36,6 +36,11 @@ class SpexisMetrics:
             "Drafts not speculated on by selective speculation.",
             labelnames=names,
         )
+        self.delayed = Counter(
+            "spexis:admissions_delayed",
+            "Requests look-ahead admission held back at least once (--spexis-lookahead-admission).",
+            labelnames=names,
+        )
         self.acceptance = Gauge(
             "spexis:acceptance_rate",
             "Accepted / verified drafts since start.",
@@ -76,6 +81,8 @@ class SpexisMetrics:
             self.tokens.labels(**self.labels).inc(delta("tokens_committed"))
         if delta("drafts_dropped"):
             self.dropped.labels(**self.labels).inc(delta("drafts_dropped"))
+        if delta("admissions_delayed"):
+            self.delayed.labels(**self.labels).inc(delta("admissions_delayed"))
         self.acceptance.labels(**self.labels).set(stats["acceptance_rate"])
         self.effective_batch.labels(**self.labels).set(stats["avg_tokens_per_decode_iteration"])
         self.tokens_per_row.labels(**self.labels).set(stats["effective_batch_ratio"])

@@ -23,8 +23,9 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
   with a placeholder token (only stage 0 embeds input tokens);
 * the draft each row produced travels down the pipe as extra keys of the proxy dict and comes
   back with the true token in the output dict, so every rank verifies identically;
-* rank-0-only decisions (the selective-speculation drops) travel in a :class:`SpexisPlan`
-  appended to the request relay, which stage 0 therefore sends after it has scheduled.
+* rank-0-only decisions (the selective-speculation drops, and with look-ahead admission how
+  many waiting requests to admit) travel in a :class:`SpexisPlan` appended to the request
+  relay, which stage 0 therefore sends after it has scheduled.
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
@@ -53,6 +54,7 @@ from sglang.srt.utils import DynamicGradMode
 from spexis_sglang.core.selection import select_drops
 from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
 from spexis_sglang.srt.config import SpexisConfig, get_config
+from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ class SpexisPlan:
 
     iteration: int
     dropped: List[str] = field(default_factory=list)
+    #: look-ahead admission: admit at most this many waiting requests now (None = no limit)
+    admit_cap: Optional[int] = None
 
 
 class _PendingDrafts(NamedTuple):
@@ -110,6 +114,7 @@ class _PendingDrafts(NamedTuple):
     conf: Optional[torch.Tensor]
     event: Optional[object] = None  # the device-to-host copy's completion
     device_tensors: tuple = ()  # keeps the copy's sources alive until it is read
+    length_buckets: Optional[torch.Tensor] = None  # stage 0, with a length predictor
 
 
 @dataclass
@@ -133,6 +138,11 @@ class SpexisStats:
     accepted: int = 0
     rejected: int = 0
     drafts_dropped: int = 0
+    # look-ahead admission: requests delayed at least once, iterations that held some back
+    admissions_delayed: int = 0
+    admission_gated_iterations: int = 0
+    # decode rows the length predictor said end within 64 tokens (bucket >= 0)
+    rows_predicted_ending: int = 0
     # Busy wall time of this rank's event loop, split by phase (seconds, cumulative): where an
     # iteration goes when SP falls short of the cost model (issue #6's overhead breakdown).
     time_busy_s: float = 0.0
@@ -200,6 +210,8 @@ class SpexisScheduler(Scheduler):
         # Under SP every running request is in every iteration: the cap is the server's,
         # not the per-micro-batch share stock PP uses.
         res = self.max_running_requests - running_bs
+        if self.sp_admit_cap is not None:  # look-ahead admission's, this iteration
+            res = min(res, self.sp_admit_cap)
         return min(res, self.req_to_token_pool.available_size())
 
     def event_loop_pp(self):
@@ -240,6 +252,39 @@ class SpexisScheduler(Scheduler):
         # Drafts of launched decode batches not yet read (see sp_after_launch).
         self.sp_pending_drafts: List[_PendingDrafts] = []
         self.sp_sync_draft_read = os.environ.get("SPEXIS_SYNC_DRAFT_READ", "0") == "1"
+        # Latest remaining-length bucket per running request (stage 0, with a predictor).
+        self.sp_length_bucket: Dict[str, int] = {}
+        self.sp_admit_cap: Optional[int] = None
+        self.sp_admission_gate = self._sp_make_admission_gate()
+
+    def _sp_make_admission_gate(self):
+        """Stage 0's look-ahead admission (``--spexis-lookahead-admission``), else None."""
+        cfg = self.spexis_config
+        if not (cfg.lookahead_admission and self.sp_rank0):
+            return None
+        from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS
+        from spexis_sglang.models.artifact import read_artifact_config
+        from spexis_sglang.srt.admission_gate import AdmissionGate
+
+        extra = read_artifact_config(cfg.length_predictor).extra
+        thresholds = extra.get("thresholds", DEFAULT_THRESHOLDS)
+        gate = AdmissionGate(
+            num_stages=self.ps.pp_size,
+            capacity=self.max_total_num_tokens,
+            thresholds=thresholds,
+            # the precision each cutoff reached on validation (what the look-ahead trusts)
+            precision=extra.get("precision") or [0.0] * len(thresholds),
+            pdr=cfg.admission_pdr,
+        )
+        logger.info(
+            "Spexis look-ahead admission: KV capacity %d tokens, %d stages, pdr %.2f, "
+            "predictor precision %s",
+            gate.capacity,
+            gate.num_stages,
+            gate.pdr,
+            [round(p, 3) for p in gate.precision],
+        )
+        return gate
 
     # ------------------------------------------------------------------ event loop
     @DynamicGradMode()
@@ -321,6 +366,7 @@ class SpexisScheduler(Scheduler):
                 if not self.pp_group.is_last_rank and cur_batch:
                     self.device_module.current_stream().wait_event(self.launch_event)
                     tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
+                    tensors.pop(PROXY_LENGTH_BUCKET, None)  # stage 0's own
                     for k, v in getattr(cur_batch, "spexis_extras", {}).items():
                         tensors.setdefault(k, v)
                     self.send_proxy_work = self._pp_send_dict_to_next_stage(
@@ -374,12 +420,50 @@ class SpexisScheduler(Scheduler):
                 self.stash_chunked_request(self.chunked_req)
 
         self.sp_running_batch.reqs = [r for r in self.sp_running_batch.reqs if r.rid in self.sp]
-        prefill = self.get_new_batch_prefill(self.sp_running_batch).batch_to_run
+        self.sp_admit_cap = plan_out.admit_cap = self.sp_admission_cap(plan_in)
+        if self.sp_admit_cap is not None:
+            # the limit is decided afresh every iteration: a "full" batch it caused must not
+            # outlive it (stock SGLang clears batch_is_full only when memory frees up)
+            self.sp_running_batch.batch_is_full = False
+        try:
+            prefill = self.get_new_batch_prefill(self.sp_running_batch).batch_to_run
+        finally:
+            self.sp_admit_cap = None
         if prefill is not None:
             prefill.spexis_kind = "prefill"
             return prefill, plan_out
         batch = self.sp_build_decode_batch(plan_in, plan_out)
         return batch, plan_out
+
+    def sp_admission_cap(self, plan_in: Optional[SpexisPlan]) -> Optional[int]:
+        """How many waiting requests may be admitted this iteration (None = no limit).
+
+        Stage 0 asks the look-ahead gate; the later stages take stage 0's answer from the
+        plan (their queues mirror stage 0's, so the same requests are admitted)."""
+        if not self.sp_rank0:
+            return plan_in.admit_cap if plan_in is not None else None
+        gate = self.sp_admission_gate
+        if gate is None or not self.waiting_queue or self.chunked_req is not None:
+            return None
+        running = self.sp_running_batch.reqs
+        if not running:
+            return None
+        lengths = [
+            self.sp.kv_len(r.rid) if r.rid in self.sp else r.kv.kv_allocated_len for r in running
+        ]
+        buckets = [self.sp_length_bucket.get(r.rid, -1) for r in running]
+        waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in self.waiting_queue]
+        st = self.sp_stats
+        theta = gate.theta(st.accepted, st.rejected, st.drafts_dropped)
+        n = gate.admit_count(lengths, buckets, waiting, theta)
+        if n >= len(waiting):
+            return None
+        st.admission_gated_iterations += 1
+        for req in self.waiting_queue[n:]:
+            if not getattr(req, "spexis_admission_delayed", False):
+                req.spexis_admission_delayed = True
+                st.admissions_delayed += 1
+        return n
 
     def _useful_position(self, req: Req, position: int) -> bool:
         """A row at ``position`` can still produce a token the request may emit."""
@@ -574,18 +658,18 @@ class SpexisScheduler(Scheduler):
             return
         tensors = result.pp_hidden_states_proxy_tensors.tensors
         ids, conf = tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]
+        buckets = tensors.get(PROXY_LENGTH_BUCKET)
+        sources = (ids, conf, buckets)
         event = None
         if ids.device.type != "cpu" and not self.sp_sync_draft_read:
             with self.copy_stream_ctx:
                 self.copy_stream.wait_event(self.launch_event)
                 ids, conf = ids.to("cpu", non_blocking=True), conf.to("cpu", non_blocking=True)
+                if buckets is not None:
+                    buckets = buckets.to("cpu", non_blocking=True)
                 event = self.device_module.Event()
                 event.record(self.device_module.current_stream())
-        self.sp_pending_drafts.append(
-            _PendingDrafts(
-                rows, ids, conf, event, (tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY])
-            )
-        )
+        self.sp_pending_drafts.append(_PendingDrafts(rows, ids, conf, event, sources, buckets))
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
 
@@ -606,6 +690,12 @@ class SpexisScheduler(Scheduler):
                 draft_conf = p.conf.tolist()
             for row, tok, c in zip(p.rows, draft_ids, draft_conf):
                 self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(c))
+            if p.length_buckets is not None:
+                buckets = p.length_buckets.tolist()
+                self.sp_stats.rows_predicted_ending += sum(1 for b in buckets if b >= 0)
+                for row, b in zip(p.rows, buckets):
+                    if row.req.rid in self.sp:
+                        self.sp_length_bucket[row.req.rid] = int(b)
         self.sp_stats.time_draft_sync_s += time.perf_counter() - t0
 
     def _forced_theta(self, req: Req) -> float:
@@ -756,6 +846,7 @@ class SpexisScheduler(Scheduler):
     def sp_release_drained(self) -> None:
         """Free the KV of finished / retracted requests whose in-flight rows have all returned."""
         for rid in self.sp.pop_drained():
+            self.sp_length_bucket.pop(rid, None)
             req = self.sp_finished_waiting_drain.pop(rid, None)
             if req is not None:
                 self._sp_free_unverified_slots(req)
@@ -798,7 +889,7 @@ class SpexisScheduler(Scheduler):
         logger.info(
             ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
-            "normal %d, spec %d, stale %d, dropped %d",
+            "normal %d, spec %d, stale %d, dropped %d, delayed admissions %d",
             s["acceptance_rate"],
             s["effective_batch_ratio"],
             s["avg_rows_per_decode_iteration"],
@@ -807,6 +898,7 @@ class SpexisScheduler(Scheduler):
             s["rows_spec"],
             s["rows_stale"],
             s["drafts_dropped"],
+            s["admissions_delayed"],
         )
 
     def get_internal_state(self, recv_req):

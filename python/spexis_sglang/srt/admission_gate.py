@@ -1,0 +1,99 @@
+"""Look-ahead admission in the server (paper §5.2): how many waiting requests stage 0 admits.
+
+Stage 0's scheduler asks :class:`AdmissionGate` once per iteration, while requests wait and
+others run. The gate feeds :class:`spexis_sglang.core.admission.AdmissionPlanner` with
+
+* each running request's KV footprint (verified tokens plus in-flight positions) and its
+  latest remaining-length bucket from the predictor on stage 0 (-1 = no prediction: the
+  request is taken to outlive the 64-iteration horizon);
+* each waiting request's tokens to prefill (prompt, plus the output of a retracted request);
+* the acceptance measured so far, as the look-ahead's ``theta``;
+* the KV pool's size, the predictor's calibrated precision per threshold and ``pdr``;
+
+and gets back the number of requests (from the head of the queue) to admit now. The answer
+travels to the later stages in the iteration's plan, so every rank admits the same requests.
+
+No SGLang import: the scheduler passes plain numbers, so the gate is tested without a server.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+from spexis_sglang.core.admission import AdmissionPlanner
+from spexis_sglang.core.lookahead import LookaheadModel
+
+#: Verdicts worth of the prior acceptance (0.5) blended into the measured one, so the first
+#: iterations do not swing between theta = 0 and 1.
+PRIOR_VERDICTS = 16
+PRIOR_THETA = 0.5
+#: theta is rounded to this step so that the look-ahead tables are built a few times, not
+#: every iteration.
+THETA_STEP = 0.05
+
+
+class AdmissionGate:
+    """Look-ahead admission decisions for one server (see the module docstring)."""
+
+    def __init__(
+        self,
+        num_stages: int,
+        capacity: int,
+        thresholds: Sequence[int],
+        precision: Sequence[Optional[float]],
+        pdr: float,
+        horizon: int = 64,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
+        self.num_stages = int(num_stages)
+        self.capacity = int(capacity)
+        self.thresholds = tuple(int(t) for t in thresholds)
+        # a threshold the calibration could not make precise enough predicts nothing: its
+        # precision never matters, 0 is as good as any
+        self.precision = tuple(
+            0.0 if p is None or not math.isfinite(float(p)) else min(1.0, max(0.0, float(p)))
+            for p in precision
+        )
+        if len(self.precision) != len(self.thresholds):
+            raise ValueError(
+                f"{len(self.precision)} precision values for {len(self.thresholds)} thresholds"
+            )
+        self.pdr = float(pdr)
+        self.horizon = int(horizon)
+        self._planners: Dict[float, AdmissionPlanner] = {}
+
+    @staticmethod
+    def theta(accepted: int, rejected: int, dropped: int) -> float:
+        """Probability that a token costs one iteration: accepted drafts over every verdict,
+        a dropped draft counting as a miss (``(1 - alpha) Theta_alpha``), blended with a
+        prior while there are few verdicts."""
+        n = accepted + rejected + dropped
+        return (accepted + PRIOR_THETA * PRIOR_VERDICTS) / (n + PRIOR_VERDICTS)
+
+    def planner(self, theta: float) -> AdmissionPlanner:
+        key = round(round(min(1.0, max(0.0, theta)) / THETA_STEP) * THETA_STEP, 4)
+        planner = self._planners.get(key)
+        if planner is None:
+            model = LookaheadModel(
+                self.num_stages, key, self.precision, self.thresholds, horizon=self.horizon
+            )
+            planner = AdmissionPlanner(model, self.capacity, self.pdr)
+            self._planners[key] = planner
+        return planner
+
+    def admit_count(
+        self,
+        lengths: Sequence[int],
+        buckets: Sequence[int],
+        waiting_tokens: Sequence[int],
+        theta: float,
+    ) -> int:
+        """How many requests from the head of the queue to admit now (all when nothing runs:
+        with an empty pipeline there is nothing to evict)."""
+        if not waiting_tokens:
+            return 0
+        if not lengths:
+            return len(waiting_tokens)
+        return self.planner(theta).decide(lengths, buckets, waiting_tokens).num_admit_now

@@ -1,0 +1,58 @@
+"""Look-ahead admission in a real server: the default model, its shipped draft head and length
+predictor, a KV pool too small for the load. Requests are delayed, never changed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spexis_sglang.testing import ServerProcess
+
+from .compare import compare_outputs
+from .prompts import lossless_prompts
+from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS, NEW_TOKENS, KV_TOKENS = 12, 64, 600
+# requests end at EOS or max_new_tokens, as in real use (the predictor predicts EOS)
+PARAMS = {"ignore_eos": False}
+
+
+def test_lookahead_admission_delays_under_memory_pressure_and_is_lossless(
+    server_factory, model_dir, trained_head
+):
+    prompts = lossless_prompts(model_dir, PROMPTS)
+    baseline = server_factory(BASELINE)
+    expected = baseline.greedy_ids(prompts, NEW_TOKENS, **PARAMS)
+    args = ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
+    args += ["--max-total-tokens", str(KV_TOKENS)]
+    # not a session server: one more PP=2 server for the rest of the suite costs memory
+    sp_server = ServerProcess(sp_args(2, trained_head, *args)).wait_ready()
+    try:
+        got = sp_server.greedy_ids(prompts, NEW_TOKENS, **PARAMS)
+        stats = spexis_stats(sp_server)
+        time.sleep(2)  # idle: SGLang's leak check runs and would kill a leaking scheduler
+        alive = sp_server.alive()
+        with open(sp_server.log_path) as f:
+            log = f.read()
+    finally:
+        sp_server.stop()
+    retractions = log.count("KV cache pool is full, retracting request")
+    print(
+        f"look-ahead admission: {stats['admissions_delayed']} requests delayed over "
+        f"{stats['admission_gated_iterations']} iterations, {retractions} retractions, "
+        f"{stats['rows_predicted_ending']} rows predicted to end within 64 tokens, "
+        f"acceptance {stats['acceptance_rate']:.3f}"
+    )
+    assert alive
+    assert f"Spexis look-ahead admission: KV capacity {KV_TOKENS} tokens, 2 stages" in log
+    # the predictor ran on stage 0 and the gate held requests back
+    assert stats["rows_predicted_ending"] > 0
+    assert stats["admissions_delayed"] > 0 and stats["admission_gated_iterations"] > 0
+    cmp = compare_outputs(
+        model_dir, prompts, expected, got, baseline=baseline, sampling_params=PARAMS
+    )
+    print("look-ahead admission vs plain:", cmp.summary())
+    assert not cmp.real_mismatches, cmp.summary()

@@ -1,0 +1,71 @@
+"""The server's look-ahead admission gate (srt/admission_gate.py) on plain numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from spexis_sglang.srt.admission_gate import PRIOR_THETA, AdmissionGate
+
+THRESHOLDS = (4, 8, 16, 32, 64)
+
+
+def _gate(capacity=1000, precision=(1.0,) * 5, stages=2):
+    return AdmissionGate(stages, capacity, THRESHOLDS, precision, pdr=2.0)
+
+
+def test_everything_is_admitted_when_nothing_runs_or_it_all_fits():
+    gate = _gate()
+    assert gate.admit_count([], [], [400, 400, 400], theta=0.7) == 3
+    assert gate.admit_count([100, 100], [-1, -1], [50, 50], theta=0.7) == 2
+    assert gate.admit_count([100], [-1], [], theta=0.7) == 0
+
+
+def test_a_request_waits_when_admitting_it_now_costs_an_eviction_that_delay_avoids():
+    """Two running requests predicted to end within 16 tokens hold 800 of 1000 slots: a
+    300-token prompt now would force an eviction, waiting ~16 iterations would not, and the
+    gain G says waiting is faster. With twice the capacity it is admitted at once."""
+    plan = _gate(capacity=1000).planner(0.9).decide([400, 400], [2, 2], [300])
+    assert not plan[0].admit_now and plan[0].reason == "gain" and plan[0].gain > 1
+    assert _gate(capacity=1000).admit_count([400, 400], [2, 2], [300], theta=0.9) == 0
+    assert _gate(capacity=2000).admit_count([400, 400], [2, 2], [300], theta=0.9) == 1
+
+
+def test_a_prefix_of_the_queue_is_admitted_and_later_ones_wait_behind_it():
+    # the 100-token prompt fits; the 300-token one would evict; the 10-token one queues
+    # behind it (first come, first served)
+    assert _gate(capacity=1000).admit_count([300, 300], [2, 2], [100, 300, 10], theta=0.9) == 1
+
+
+def test_the_count_is_the_core_planners_at_the_rounded_theta():
+    gate = _gate(capacity=1000, precision=(0.8, 0.8, 0.85, 0.9, 0.75))
+    cases = [
+        ([300, 300], [2, -1], [100, 300, 10]),
+        ([450, 200, 100], [0, 4, -1], [50, 50, 400]),
+        ([900], [-1], [10, 10]),
+    ]
+    for lengths, buckets, waiting in cases:
+        for theta in (0.52, 0.76, 0.93):
+            want = gate.planner(theta).decide(lengths, buckets, waiting).num_admit_now
+            assert gate.admit_count(lengths, buckets, waiting, theta) == want
+
+
+def test_theta_is_measured_acceptance_with_a_prior_and_dropped_drafts_count_as_misses():
+    assert AdmissionGate.theta(0, 0, 0) == PRIOR_THETA
+    assert AdmissionGate.theta(10_000, 0, 0) == pytest.approx(1.0, abs=0.002)
+    assert AdmissionGate.theta(5_000, 0, 5_000) == pytest.approx(0.5, abs=0.002)
+    assert AdmissionGate.theta(7_000, 3_000, 0) == pytest.approx(0.7, abs=0.002)
+
+
+def test_planners_are_reused_across_nearby_thetas():
+    gate = _gate()
+    assert gate.planner(0.701) is gate.planner(0.69)
+    assert gate.planner(0.70) is not gate.planner(0.80)
+
+
+def test_uncalibrated_thresholds_and_bad_inputs():
+    gate = _gate(precision=(None, float("nan"), 0.8, 0.8, 0.8))
+    assert gate.precision == (0.0, 0.0, 0.8, 0.8, 0.8)
+    with pytest.raises(ValueError, match="4 precision values for 5 thresholds"):
+        _gate(precision=(0.8,) * 4)
+    with pytest.raises(ValueError, match="capacity must be > 0"):
+        _gate(capacity=0)
