@@ -209,12 +209,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         except ValueError:
             raise LaunchError(f"--spexis-draft-head {head!r}: expected random:<integer seed>")
     else:
-        path = os.path.abspath(os.path.expanduser(head))
-        if not os.path.isdir(path):
-            raise LaunchError(f"--spexis-draft-head {head!r}: no such artifact directory")
-        for name in ("config.json", "model.safetensors"):
-            if not os.path.isfile(os.path.join(path, name)):
-                raise LaunchError(f"--spexis-draft-head {head!r}: {name} is missing")
+        path = _artifact_dir(head, f"--spexis-draft-head {head!r}")
         check_draft_head_artifact(path, server_args)
         head = path
     theta = args.spexis_benchmark_force_accept
@@ -240,6 +235,17 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     )
 
 
+def _artifact_dir(value: str, where: str) -> str:
+    """An artifact directory given on the command line: absolute, with both of its files."""
+    path = os.path.abspath(os.path.expanduser(value))
+    if not os.path.isdir(path):
+        raise LaunchError(f"{where}: no such artifact directory")
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise LaunchError(f"{where}: {name} is missing")
+    return path
+
+
 def resolve_length_predictor(value: str, server_args) -> str:
     """The predictor's artifact directory, checked against the model and stage 0's depth."""
     where = f"--spexis-length-predictor {value}"
@@ -251,12 +257,7 @@ def resolve_length_predictor(value: str, server_args) -> str:
         except BundledHeadError as e:
             raise LaunchError(f"{where}: {e}") from None
     else:
-        path = os.path.abspath(os.path.expanduser(value))
-        if not os.path.isdir(path):
-            raise LaunchError(f"{where}: no such artifact directory")
-        for name in ("config.json", "model.safetensors"):
-            if not os.path.isfile(os.path.join(path, name)):
-                raise LaunchError(f"{where}: {name} is missing")
+        path = _artifact_dir(value, where)
     cfg = _check_stage0_artifact(path, server_args, "length_predictor", where)
     features = cfg.extra.get("features") or []
     if features:
