@@ -210,8 +210,9 @@ class SpexisScheduler(Scheduler):
         # Under SP every running request is in every iteration: the cap is the server's,
         # not the per-micro-batch share stock PP uses.
         res = self.max_running_requests - running_bs
-        if self.sp_admit_cap is not None:  # look-ahead admission's, this iteration
-            res = min(res, self.sp_admit_cap)
+        cap = getattr(self, "sp_admit_cap", None)  # look-ahead admission's, this iteration
+        if cap is not None:
+            res = min(res, cap)
         return min(res, self.req_to_token_pool.available_size())
 
     def event_loop_pp(self):
