@@ -8,6 +8,7 @@ end of its log instead of costing the whole timeout.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -19,8 +20,24 @@ from typing import Dict, List, Optional
 
 import requests
 
+# HTTP ports are picked below Linux's ephemeral range (32768+): while a server loads, SGLang's
+# processes bind ephemeral ports of their own (NCCL / gloo, port 0), and a port picked there can
+# be taken by the time uvicorn binds it (seen in CI: Errno 98, then a 600 s wait).
+PORT_RANGE = (20000, 32000)
+# uvicorn's message when the port was taken after all; the server then restarts on another
+_BIND_FAILED = "error while attempting to bind on address"
+
 
 def free_port() -> int:
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(*PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -41,18 +58,23 @@ class ServerProcess:
         log_path: Optional[str] = None,
         module: str = "spexis_sglang.launch_server",
     ):
-        self.port = port or free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
         # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
         # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
         self.args = list(args) + shlex.split(os.environ.get("SPEXIS_TEST_SERVER_ARGS", ""))
+        self._fixed_port, self._fixed_log = port, log_path
+        self._env, self._module = env, module
+        self._launch(port or free_port(), log_path)
+
+    def _launch(self, port: int, log_path: Optional[str]) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or tempfile.mktemp(
             prefix=f"spexis-server-{self.port}-", suffix=".log"
         )
         cmd = [
             sys.executable,
             "-m",
-            module,
+            self._module,
             *self.args,
             "--host",
             "127.0.0.1",
@@ -65,7 +87,7 @@ class ServerProcess:
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(self._env or {})},
             start_new_session=True,
         )
         self.ready_after: Optional[float] = None
@@ -77,9 +99,26 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def wait_ready(self, timeout: float = 600.0) -> "ServerProcess":
+    def _bind_failed(self) -> bool:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return _BIND_FAILED in f.read()
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 600.0, bind_retries: int = 2) -> "ServerProcess":
         deadline = time.time() + timeout
         while time.time() < deadline:
+            if self._bind_failed():
+                self.stop()
+                if bind_retries <= 0 or self._fixed_port is not None:
+                    raise ServerDied(
+                        f"port {self.port} was taken during start-up; log {self.log_path}:\n"
+                        + self.log_tail()
+                    )
+                # another process took the port while the model loaded: start again elsewhere
+                self._launch(free_port(), self._fixed_log)
+                return self.wait_ready(max(60.0, deadline - time.time()), bind_retries - 1)
             if self.proc.poll() is not None:
                 raise ServerDied(
                     f"server exited with {self.proc.returncode} during start-up; log {self.log_path}:\n"

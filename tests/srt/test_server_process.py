@@ -1,0 +1,41 @@
+"""spexis_sglang.testing.ServerProcess: ports and start-up failures (no SGLang involved)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from spexis_sglang.testing import PORT_RANGE, ServerDied, ServerProcess, free_port
+
+FAKE_SERVER = """
+import os, sys, time
+with open(os.environ["LAUNCHES"], "a") as f:
+    f.write(sys.argv[sys.argv.index("--port") + 1] + "\\n")
+print("ERROR:    [Errno 98] error while attempting to bind on address "
+      "('127.0.0.1', 1): address already in use", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ports_are_picked_below_the_ephemeral_range():
+    ports = {free_port() for _ in range(20)}
+    assert all(PORT_RANGE[0] <= p < PORT_RANGE[1] for p in ports)
+    assert len(ports) > 1
+
+
+def test_a_port_taken_during_start_up_restarts_the_server_on_another(tmp_path):
+    """uvicorn reports the taken port but the process lives on: it must not cost the whole
+    start-up timeout, and a fresh port is tried (twice) before giving up."""
+    (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
+    launches = tmp_path / "launches"
+    env = {
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "LAUNCHES": str(launches),
+    }
+    server = ServerProcess([], env=env, module="fake_server")
+    with pytest.raises(ServerDied, match="was taken during start-up"):
+        server.wait_ready(timeout=60)
+    ports = launches.read_text().split()
+    assert len(ports) == 3 and len(set(ports)) == 3, ports
+    assert not server.alive()
