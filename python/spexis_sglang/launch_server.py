@@ -32,6 +32,16 @@ CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
 ]
 
 _MODEL_FLAGS = ("--model-path", "--model")
+# the flags that size SGLang's decode CUDA graphs; without any, SP sizes them (see below)
+_GRAPH_SIZE_FLAGS = (
+    "--cuda-graph-max-bs",
+    "--cuda-graph-max-bs-decode",
+    "--cuda-graph-bs",
+    "--cuda-graph-bs-decode",
+    "--cuda-graph-config",
+)
+# SP decode graphs are captured up to pp_size x SGLang's default, at most this many rows
+SP_GRAPH_MAX_BS_CAP = 1024
 
 
 class LaunchError(ValueError):
@@ -154,6 +164,14 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Prefill-to-decode latency ratio used by look-ahead admission's gain G "
         "(t_prefill / t_decode of one iteration). Default: 2.",
     )
+    group.add_argument(
+        "--spexis-float64",
+        action="store_true",
+        help="TEST MODE, CPU only, with or without speculation: weights, activations and KV "
+        "cache in float64. A row's logits then move by ~1e-16 instead of ~1e-7 when the "
+        "batch around it changes, so greedy outputs of differently batched servers agree "
+        "(the equality tests use it). About 2x slower than float32.",
+    )
     return group
 
 
@@ -170,6 +188,10 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         raise LaunchError("--spexis-lookahead-admission needs --spexis-length-predictor")
     if not args.spexis_admission_pdr > 0:
         raise LaunchError(f"--spexis-admission-pdr must be > 0, got {args.spexis_admission_pdr}")
+    if args.spexis_float64 and server_args.device != "cpu":
+        raise LaunchError(
+            f"--spexis-float64 is a CPU test mode (got --device {server_args.device})"
+        )
     if head is None:
         if args.spexis_alpha:
             raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
@@ -180,7 +202,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
                 "--spexis-length-predictor needs --spexis-draft-head (it runs beside the "
                 "draft head on stage 0)"
             )
-        return SpexisConfig(log_interval=args.spexis_log_interval)
+        return SpexisConfig(log_interval=args.spexis_log_interval, float64=args.spexis_float64)
     if server_args.pp_size < 2:
         raise LaunchError(
             "--spexis-draft-head needs --pp-size >= 2: speculative parallelism runs the "
@@ -232,6 +254,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         length_predictor=predictor,
         lookahead_admission=args.spexis_lookahead_admission,
         admission_pdr=args.spexis_admission_pdr,
+        float64=args.spexis_float64,
     )
 
 
@@ -326,7 +349,36 @@ def prepare_server_args(argv: List[str]):
     add_spexis_args(spexis_parser)
     spexis_args, rest = spexis_parser.parse_known_args(argv)
     server_args = sglang_prepare_server_args(rest)
-    return server_args, spexis_config_from_args(spexis_args, server_args)
+    config = spexis_config_from_args(spexis_args, server_args)
+    graph_bs = sp_graph_max_bs(rest, server_args, config)
+    if graph_bs is not None:
+        server_args = sglang_prepare_server_args(
+            rest + ["--cuda-graph-max-bs-decode", str(graph_bs)]
+        )
+    if config.float64:
+        from spexis_sglang.srt.hooks import FLOAT64_DTYPE
+
+        # SGLang's --dtype choices stop at float32; every process registers the name (hooks)
+        server_args.override("spexis --spexis-float64", dtype=FLOAT64_DTYPE)
+    return server_args, config
+
+
+def sp_graph_max_bs(argv: List[str], server_args, config) -> Optional[int]:
+    """The decode CUDA-graph limit SP needs, where the user did not size the graphs.
+
+    A stock PP step runs B/N of the running requests, SP runs all B of them every iteration:
+    SGLang's default limit (256 on an H200 with TP < 4) would send SP's larger batches to eager
+    execution. None: leave SGLang's sizing (no SP, no graphs, or the user chose).
+    """
+    graphs = server_args.cuda_graph_config.decode
+    if not config.enabled or server_args.device == "cpu" or graphs.backend == "disabled":
+        return None
+    if any(_has_flag(argv, flag) for flag in _GRAPH_SIZE_FLAGS) or not graphs.max_bs:
+        return None
+    limit = min(SP_GRAPH_MAX_BS_CAP, graphs.max_bs * server_args.pp_size)
+    if server_args.max_running_requests:
+        limit = min(limit, server_args.max_running_requests)
+    return limit if limit > graphs.max_bs else None
 
 
 def main(argv: Optional[List[str]] = None) -> int:

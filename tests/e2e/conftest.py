@@ -8,18 +8,23 @@ from typing import Callable, Dict, List, Tuple
 import pytest
 
 from spexis_sglang.default_model import ensure_default_model
-from spexis_sglang.testing import ServerProcess
+from spexis_sglang.testing import ServerProcess, exact_test_args
 
 from .tiny_model import make_tiny_llama
 
 _servers: Dict[Tuple[str, ...], ServerProcess] = {}
 
 
+def exact(args: List[str]) -> List[str]:
+    """Every test server runs in the exact mode: equality tests demand identical tokens."""
+    return [*args, *exact_test_args()]
+
+
 def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProcess:
     key = tuple(args) + tuple(sorted((env or {}).items()))
     server = _servers.get(key)
     if server is None or not server.alive():
-        server = ServerProcess(args, env=env)
+        server = ServerProcess(exact(args), env=env)
         _servers[key] = server
         server.wait_ready()
     return server

@@ -28,9 +28,10 @@ def load_tokenizer(model_dir: str):
 
 @lru_cache(maxsize=2)
 def load_model(model_dir: str):
+    """The reference in float64, like the test servers (``exact_test_args``)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
 
 
 def chat_prompt_ids(model_dir: str, prompts: List[str] = CHAT_PROMPTS) -> List[List[int]]:

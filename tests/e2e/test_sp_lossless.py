@@ -65,15 +65,14 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     before = spexis_stats(sp_server)
     got = sp_server.greedy_ids(prompts, 64)
     after = spexis_stats(sp_server)
-    cmp = compare_outputs(model_dir, prompts, baseline, got, baseline=baseline_server)
+    cmp = compare_outputs(model_dir, prompts, baseline, got)
     print("default model, PP=2 SP vs PP=1 plain:", cmp.summary())
     spec = after["rows_spec"] - before["rows_spec"]
     acc = after["accepted"] - before["accepted"]
     rej = after["rejected"] - before["rejected"]
     # printed before the asserts: the head's acceptance is worth knowing even on a mismatch
     print(f"acceptance over this run: {acc / max(1, acc + rej):.3f} ({acc} / {acc + rej})")
-    assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical >= 30, cmp.summary()
+    assert cmp.all_identical, cmp.summary()
     # It really speculated, and the trained head's drafts were accepted.
     assert spec > 0 and acc > 0 and rej > 0
 
@@ -119,9 +118,9 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
     sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(pp)])
     expected = baseline.greedy_ids(tiny_prompts, 48)
     got = sp_server.greedy_ids(tiny_prompts, 48)
-    cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got, baseline=baseline)
+    cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
     print(f"tiny model, PP={pp} SP vs PP=1 plain:", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.all_identical, cmp.summary()
     stats = spexis_stats(sp_server)
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
     # stage 0's alpha drops reached the other stages (they would desynchronise otherwise)
@@ -214,9 +213,9 @@ def test_pp_x_tp_x_sp_tiny_model_equals_plain(server_factory, tiny_model_dir, ti
     prompts = tiny_prompts[:8]
     expected = baseline.greedy_ids(prompts, 40)
     got = sp_server.greedy_ids(prompts, 40)
-    cmp = compare_outputs(tiny_model_dir, prompts, expected, got, baseline=baseline)
+    cmp = compare_outputs(tiny_model_dir, prompts, expected, got)
     print("tiny model, PP=2 x TP=2 SP vs PP=1 plain:", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.all_identical, cmp.summary()
     stats = spexis_stats(sp_server)
     assert stats["rows_spec"] > 0 and stats["drafts_dropped"] > 0
 
@@ -239,8 +238,8 @@ def test_retraction_under_memory_pressure_is_lossless(server_factory, tiny_model
     with open(sp_server.log_path) as f:
         retractions = f.read().count("KV cache pool is full, retracting request")
     assert retractions > 0  # the test really exercised retraction
-    cmp = compare_outputs(tiny_model_dir, prompts, expected, got, baseline=baseline)
+    cmp = compare_outputs(tiny_model_dir, prompts, expected, got)
     print(f"retraction test ({retractions} retractions):", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.all_identical, cmp.summary()
     time.sleep(2)  # idle: SGLang's leak check runs and would kill a leaking scheduler
     assert sp_server.alive()

@@ -145,3 +145,56 @@ def test_mismatched_base_model_is_refused(tmp_path, capsys):
     assert launch_server.main(argv) == 2
     err = capsys.readouterr().err
     assert "'num_key_value_heads' is 3 in the artifact" in err and "but 1 in the base" in err, err
+
+
+def test_float64_mode_sets_the_model_dtype_on_every_kind_of_server():
+    """--spexis-float64 (the equality tests' exact mode) reaches SGLang's model config, with
+    speculation and without (the plain baseline must run in the same precision)."""
+    import torch
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+
+    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.hooks import register_float64_dtype
+
+    for extra in ([], ["--spexis-draft-head", "bundled"]):
+        argv = ["--model-path", ensure_default_model(), "--pp-size", "2", "--device", "cpu"]
+        server_args, cfg = prepare_server_args(argv + ["--spexis-float64", *extra])
+        assert cfg.float64 and server_args.dtype == "float64"
+    register_float64_dtype()
+    assert _get_and_verify_dtype({"torch_dtype": "float32"}, "float64") == torch.float64
+
+
+def test_float64_mode_is_refused_off_the_cpu(capsys):
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2", "--device", "cuda"]
+    assert launch_server.main(argv + ["--spexis-float64"]) == 2
+    assert "--spexis-float64 is a CPU test mode (got --device cuda)" in capsys.readouterr().err
+
+
+def _graph_args(max_bs, backend="full", pp=2, device="cuda", max_running=None):
+    from types import SimpleNamespace
+
+    decode = SimpleNamespace(max_bs=max_bs, backend=backend)
+    return SimpleNamespace(
+        cuda_graph_config=SimpleNamespace(decode=decode),
+        device=device,
+        pp_size=pp,
+        max_running_requests=max_running,
+    )
+
+
+def test_sp_sizes_decode_graphs_for_its_full_batch():
+    """SP runs all B rows per iteration, stock PP B/N: SGLang's default graph limit is raised
+    N-fold (capped), unless the user sized the graphs, graphs are off, or SP is off."""
+    from spexis_sglang.launch_server import SP_GRAPH_MAX_BS_CAP, sp_graph_max_bs
+    from spexis_sglang.srt.config import SpexisConfig
+
+    sp, plain = SpexisConfig(draft_head="random:0"), SpexisConfig()
+    assert sp_graph_max_bs([], _graph_args(256), sp) == 512
+    assert sp_graph_max_bs([], _graph_args(512, pp=4), sp) == SP_GRAPH_MAX_BS_CAP
+    assert sp_graph_max_bs([], _graph_args(256, max_running=300), sp) == 300
+    assert sp_graph_max_bs([], _graph_args(256, max_running=200), sp) is None
+    assert sp_graph_max_bs(["--cuda-graph-max-bs", "64"], _graph_args(64), sp) is None
+    assert sp_graph_max_bs(["--cuda-graph-bs-decode=8"], _graph_args(8), sp) is None
+    assert sp_graph_max_bs([], _graph_args(256, backend="disabled"), sp) is None
+    assert sp_graph_max_bs([], _graph_args(256, device="cpu"), sp) is None
+    assert sp_graph_max_bs([], _graph_args(256), plain) is None

@@ -89,6 +89,10 @@ class LengthPredictor(nn.Module):
         self.fc3 = nn.Linear(cfg.mlp_hidden, len(cfg.thresholds))
         if cfg.features:
             self.fc_feat = nn.Linear(len(cfg.features), cfg.mlp_hidden, bias=False)
+        # a buffer, not a tensor made per call: predict() runs inside captured CUDA graphs
+        self.register_buffer(
+            "cutoffs", torch.tensor(cfg.cutoffs, dtype=torch.float32), persistent=False
+        )
 
     def feature_matrix(
         self,
@@ -150,8 +154,7 @@ class LengthPredictor(nn.Module):
         prompt_len: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Bool [..., 5]: remaining < threshold[k], using the calibrated cutoffs."""
-        cut = torch.tensor(self.cfg.cutoffs, device=hidden.device)
-        return self.probabilities(hidden, tokens_generated, prompt_len) >= cut
+        return self.probabilities(hidden, tokens_generated, prompt_len) >= self.cutoffs
 
 
 def predicted_bucket(predicted: torch.Tensor) -> torch.Tensor:

@@ -532,6 +532,136 @@ class _SpexisDraftMixin:
             return
         self.spexis_draft_head.load_weights(self._spexis_pending_weights)
         self._spexis_pending_weights = None
+        if self._spexis_length_path is not None:
+            self._spexis_load_length_predictor()
+
+    def _spexis_load_length_predictor(self) -> None:
+        """Load the predictor with the weights, in fp32 on the model's device: before the CUDA
+        graphs are captured, and a broken artifact fails at start-up, not at the first forward."""
+        from spexis_sglang.models.length_predictor import load_length_predictor
+
+        lp, _ = load_length_predictor(
+            self._spexis_length_path,
+            self.config,
+            exit_layer=int(self.model.end_layer),
+            device=self.model.embed_tokens.weight.device,
+        )
+        self._spexis_length_predictor = lp.eval()
+        logger.info("spexis length predictor %s on stage 0", self._spexis_length_path)
+
+    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Load full (unsharded) artifact tensors; q/k/v go through QKVParallelLinear's loader."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights.items():
+            m = _LAYER_RE.match(name)
+            if m and m.group(2) in (
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+            ):
+                shard = m.group(2).split(".")[1][0]  # "q" | "k" | "v"
+                target = f"layers.{m.group(1)}.self_attn.qkv_proj.weight"
+                param = params[target]
+                param.weight_loader(param, tensor, shard)
+            else:
+                target = name
+                param = params[target]
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(target)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise DraftHeadError(f"draft head: parameters left unloaded: {missing}")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        lm_head_weight: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns ``(draft_ids int64 [S], conf fp32 [S], last-token row indices [S])``."""
+        x = hidden_states if residual is None else hidden_states + residual
+        x = self.norm(x)
+        x, _ = self.fc(x)
+        # Every token goes through attention so the head's KV exists for every position.
+        for layer in self.layers:
+            x = layer(positions, x, forward_batch)
+        mode = forward_batch.forward_mode
+        if mode.is_extend():
+            last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            last = last.to(torch.long)
+            x = x[last]
+        else:
+            last = torch.arange(x.shape[0], device=x.device)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.fp32_lm_head:
+            logits = torch.matmul(x.float(), lm_head_weight.float().T)
+        else:
+            logits = torch.matmul(x.to(lm_head_weight.dtype), lm_head_weight.T)
+        if self.tp_size > 1:
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)
+        logits = logits[:, : self.vocab_size].float()
+        top, ids = logits.max(dim=-1)
+        conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
+        return ids.to(torch.int64), conf.to(torch.float32), last
+
+
+# ------------------------------------------------------------------------------------------------
+# The model classes
+# ------------------------------------------------------------------------------------------------
+
+
+class _SpexisDraftMixin:
+    """Adds the draft head to a Llama-style ``*ForCausalLM`` on the first of >= 2 PP stages."""
+
+    spexis_draft_head: Optional[SpexisDraftHead]
+
+    def _spexis_init_draft_head(self) -> None:
+        self.spexis_draft_head = None
+        self._spexis_length_path: Optional[str] = None
+        self._spexis_length_predictor = None
+        self._spexis_pending_weights: Optional[Dict[str, torch.Tensor]] = None
+        self._spexis_trace_path = os.environ.get(ENV_DRAFT_TRACE) or None
+        value = os.environ.get(ENV_DRAFT_HEAD)
+        pp = self.pp_group
+        if not value or pp.world_size < 2 or not pp.is_first_rank:
+            return
+        end_layer = int(self.model.end_layer)
+        spec = resolve_draft_head(value, self.config, end_layer, pp.world_size)
+        if spec is None:
+            return
+        self.spexis_draft_head = SpexisDraftHead(
+            self.config, spec, first_layer_id=end_layer, prefix="spexis_draft_head"
+        )
+        self._spexis_pending_weights = spec.weights
+        from spexis_sglang.srt.config import get_config
+
+        self._spexis_length_path = get_config().length_predictor
+        logger.info(
+            "spexis draft head %s: %d attention layer(s) at KV layer ids %d..%d after stage 0's "
+            "layers [%d, %d)",
+            spec.source,
+            spec.num_layers,
+            end_layer,
+            end_layer + spec.num_layers - 1,
+            int(self.model.start_layer),
+            end_layer,
+        )
+
+    @property
+    def spexis_draft_num_layers(self) -> int:
+        """Extra KV layers stage 0's pool needs (0 without an active head)."""
+        head = getattr(self, "spexis_draft_head", None)
+        return head.num_layers if head is not None else 0
+
+    def _spexis_load_draft_weights(self) -> None:
+        if self._spexis_pending_weights is None or self.spexis_draft_head is None:
+            return
+        self.spexis_draft_head.load_weights(self._spexis_pending_weights)
+        self._spexis_pending_weights = None
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
         result = super().load_weights(weights)
@@ -563,19 +693,9 @@ class _SpexisDraftMixin:
             f.write(json.dumps(record) + "\n")
 
     def _spexis_length_buckets(self, exit_hidden: torch.Tensor) -> torch.Tensor:
-        """Remaining-length bucket per row; the predictor is loaded on first use, on the
-        hidden state's device in fp32 (it is 1 MB; the launcher has already checked it)."""
-        from spexis_sglang.models.length_predictor import load_length_predictor, predicted_bucket
+        """Remaining-length bucket per row (the predictor runs in fp32; it is 1 MB)."""
+        from spexis_sglang.models.length_predictor import predicted_bucket
 
-        if self._spexis_length_predictor is None:
-            lp, _ = load_length_predictor(
-                self._spexis_length_path,
-                self.config,
-                exit_layer=int(self.model.end_layer),
-                device=exit_hidden.device,
-            )
-            self._spexis_length_predictor = lp.eval()
-            logger.info("spexis length predictor %s on stage 0", self._spexis_length_path)
         return predicted_bucket(self._spexis_length_predictor.predict(exit_hidden.float()))
 
     def _spexis_forward(self, out: Any, positions: torch.Tensor, forward_batch: ForwardBatch):

@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 _installed = False
 
+# ServerArgs.dtype under --spexis-float64 (SGLang's own names stop at float32)
+FLOAT64_DTYPE = "float64"
+
 
 def install() -> None:
     """Install Spexis' hooks into the SGLang modules of this process (idempotent)."""
@@ -33,12 +36,22 @@ def install() -> None:
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
 
     scheduler_module.Scheduler = SpexisScheduler
+    if get_config().float64:
+        register_float64_dtype()
     if get_config().enabled:
         from spexis_sglang.srt.draft_model import install_model_classes
 
         install_model_classes()
     _installed = True
     logger.debug("spexis hooks installed")
+
+
+def register_float64_dtype() -> None:
+    """Teach SGLang's model config the ``float64`` dtype name (``--spexis-float64``)."""
+    import torch
+    from sglang.srt.configs import model_config
+
+    model_config._STR_DTYPE_TO_TORCH_DTYPE[FLOAT64_DTYPE] = torch.float64
 
 
 def run_spexis_scheduler_process(*args, **kwargs):

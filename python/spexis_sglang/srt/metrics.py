@@ -41,6 +41,11 @@ class SpexisMetrics:
             "Requests look-ahead admission held back at least once (--spexis-lookahead-admission).",
             labelnames=names,
         )
+        self.decode_forwards = Counter(
+            "spexis:decode_forwards",
+            "Stage 0's decode forwards, by how they ran (graph: a CUDA graph replay, eager).",
+            labelnames=names + ["mode"],
+        )
         self.acceptance = Gauge(
             "spexis:acceptance_rate",
             "Accepted / verified drafts since start.",
@@ -81,6 +86,9 @@ class SpexisMetrics:
             self.tokens.labels(**self.labels).inc(delta("tokens_committed"))
         if delta("drafts_dropped"):
             self.dropped.labels(**self.labels).inc(delta("drafts_dropped"))
+        for mode, key in (("graph", "decode_graph_replays"), ("eager", "decode_eager_forwards")):
+            if delta(key):
+                self.decode_forwards.labels(**self.labels, mode=mode).inc(delta(key))
         if delta("admissions_delayed"):
             self.delayed.labels(**self.labels).inc(delta("admissions_delayed"))
         self.acceptance.labels(**self.labels).set(stats["acceptance_rate"])

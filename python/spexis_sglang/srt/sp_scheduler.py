@@ -143,6 +143,10 @@ class SpexisStats:
     admission_gated_iterations: int = 0
     # decode rows the length predictor said end within 64 tokens (bucket >= 0)
     rows_predicted_ending: int = 0
+    # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every
+    # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
+    decode_graph_replays: int = 0
+    decode_eager_forwards: int = 0
     # Busy wall time of this rank's event loop, split by phase (seconds, cumulative): where an
     # iteration goes when SP falls short of the cost model (issue #6's overhead breakdown).
     time_busy_s: float = 0.0
@@ -651,6 +655,10 @@ class SpexisScheduler(Scheduler):
         self.sp_stats.iterations += 1
         if getattr(batch, "spexis_kind", None) != "decode":
             return
+        if getattr(result, "can_run_cuda_graph", False):
+            self.sp_stats.decode_graph_replays += 1
+        else:
+            self.sp_stats.decode_eager_forwards += 1
         rows: List[SpexisRow] = batch.spexis_rows
         if not self.sp_rank0:
             self.sp_pending_drafts.append(_PendingDrafts(rows, None, None))
