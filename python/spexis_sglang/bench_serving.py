@@ -1,0 +1,75 @@
+"""``python -m spexis_sglang.bench_serving``: SGLang's own ``bench_serving`` from this project.
+
+It takes exactly the arguments of SGLang 0.5.17's ``python -m sglang.benchmark.serving`` (the
+old path ``sglang.bench_serving`` is a deprecated alias of it) and runs its ``cli_main``
+unchanged. The only difference: on a machine without CUDA it first applies the CPU start-up
+hooks of :mod:`spexis_sglang.cpu_support` (the triton stub, the ``sgl_kernel`` stand-in,
+offline hub mode), without which importing the benchmark fails there with
+``No module named 'triton'``. On a GPU machine nothing is changed.
+
+Example, against a server of ``make serve`` (SP) or ``make serve-plain`` (plain PP) on :30000::
+
+    .venv/bin/python -m spexis_sglang.bench_serving --backend sglang --port 30000 \\
+        --dataset-name random-ids --random-input-len 64 --random-output-len 32 \\
+        --num-prompts 40 --request-rate 2 --output-file result.jsonl
+
+``random-ids`` needs no download (random token ids, the tokenizer is the one of the served
+model, read from its local directory); ``sharegpt`` and ``random`` need
+``--dataset-path`` to a local ShareGPT JSON on machines without internet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import types
+import warnings
+from typing import List, Optional
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m spexis_sglang.bench_serving"
+
+
+def _stub_missing_datasets() -> None:
+    """Let the benchmark import where ``datasets`` is not installed (the GPU machines' site).
+
+    ``sglang.benchmark.datasets`` imports ``datasets.load_dataset`` at start-up for its MMMU
+    loader only; every other dataset works without it. The stub's ``load_dataset`` says what
+    is missing if a dataset that needs it is chosen. The CPU environment installs the real
+    package (``requirements/cpu.txt``).
+    """
+    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
+        return
+
+    def load_dataset(*args, **kwargs):
+        raise ImportError(
+            "this dataset needs the `datasets` package, which is not installed here: "
+            "pip install datasets"
+        )
+
+    stub = types.ModuleType("datasets")
+    stub.load_dataset = load_dataset  # type: ignore[attr-defined]
+    sys.modules["datasets"] = stub
+    logger.info("`datasets` is not installed: the mmmu and longbench_v2 datasets are unavailable")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    from spexis_sglang.cpu_support import activate
+
+    activate()
+    # Importing the benchmark imports parts of sglang.srt that warn about CUDA-only
+    # quantization methods at import time; irrelevant to a client.
+    warnings.filterwarnings(
+        "ignore", message=r"(Only CUDA.* support|Triton is not supported)", category=UserWarning
+    )
+    _stub_missing_datasets()
+    from sglang.benchmark.serving import cli_main
+
+    sys.argv = [PROG, *(sys.argv[1:] if argv is None else argv)]
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
