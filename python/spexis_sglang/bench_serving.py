@@ -24,7 +24,6 @@ import importlib.util
 import logging
 import sys
 import types
-import warnings
 from typing import List, Optional
 
 logger = logging.getLogger(__name__)
@@ -59,11 +58,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     from spexis_sglang.cpu_support import activate
 
     activate()
-    # Importing the benchmark imports parts of sglang.srt that warn about CUDA-only
-    # quantization methods at import time; irrelevant to a client.
-    warnings.filterwarnings(
-        "ignore", message=r"(Only CUDA.* support|Triton is not supported)", category=UserWarning
-    )
     _stub_missing_datasets()
     from sglang.benchmark.serving import cli_main
 
