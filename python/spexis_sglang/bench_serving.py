@@ -29,28 +29,33 @@ from typing import List, Optional
 logger = logging.getLogger(__name__)
 
 PROG = "python -m spexis_sglang.bench_serving"
+MMMU_MODULE = "sglang.benchmark.datasets.mmmu"
 
 
 def _stub_missing_datasets() -> None:
     """Let the benchmark import where ``datasets`` is not installed (the GPU machines' site).
 
-    ``sglang.benchmark.datasets`` imports ``datasets.load_dataset`` at start-up for its MMMU
-    loader only; every other dataset works without it. The stub's ``load_dataset`` says what
-    is missing if a dataset that needs it is chosen. The CPU environment installs the real
-    package (``requirements/cpu.txt``).
+    ``sglang.benchmark.datasets`` imports its MMMU loader at start-up, and only that module
+    needs ``datasets`` at import time (``longbench_v2`` imports it when used). Where the
+    package is missing, a stand-in for that one module takes its place: choosing
+    ``--dataset-name mmmu`` then fails with an error that says what is missing; every other
+    dataset is unaffected. The CPU environment installs the real package
+    (``requirements/cpu.txt``).
     """
-    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
+    if importlib.util.find_spec("datasets") is not None or MMMU_MODULE in sys.modules:
         return
 
-    def load_dataset(*args, **kwargs):
-        raise ImportError(
-            "this dataset needs the `datasets` package, which is not installed here: "
-            "pip install datasets"
-        )
+    class MMMUDataset:
+        @classmethod
+        def from_args(cls, args):
+            raise ImportError(
+                "the mmmu dataset needs the `datasets` package, which is not installed "
+                "here: pip install datasets"
+            )
 
-    stub = types.ModuleType("datasets")
-    stub.load_dataset = load_dataset  # type: ignore[attr-defined]
-    sys.modules["datasets"] = stub
+    stub = types.ModuleType(MMMU_MODULE)
+    stub.MMMUDataset = MMMUDataset  # type: ignore[attr-defined]
+    sys.modules[MMMU_MODULE] = stub
     logger.info("`datasets` is not installed: the mmmu and longbench_v2 datasets are unavailable")
 
 
