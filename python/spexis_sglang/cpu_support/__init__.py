@@ -8,7 +8,10 @@ What is needed there, and only there:
 * PyPI's torchvision wheel is a CUDA build whose ops do not load beside the CPU torch:
   declare the ``torchvision::nms`` schemas before its first import (no torchvision op runs
   on SGLang's text path);
-* one OpenMP thread per process and passive waiting (PP ranks share the two cores).
+* one OpenMP thread per process and passive waiting (PP ranks share the two cores);
+* start-up output a user can read: SGLang's per-module import errors of models that cannot
+  load here become one summary line, and import-time warnings about CUDA-only features are
+  dropped (:mod:`.quiet`).
 
 :func:`activate` applies all of this to the current process and to the environment that
 spawned children inherit; ``shim/sitecustomize.py`` re-applies the start-up hooks in every
@@ -89,6 +92,9 @@ def install_startup_hooks() -> None:
         sys.path.insert(0, SHIM_DIR)
     _install_triton_stub()
     _declare_torchvision_schemas()
+    from spexis_sglang.cpu_support.quiet import quiet_startup
+
+    quiet_startup()
 
 
 def activate() -> bool:
