@@ -11,9 +11,10 @@
 # NVLink multicast stays off (README §4): flags that could enable it are refused.
 
 SPEXIS_REPO=${SPEXIS_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-# Required on the offline H200 machines (README §3); --disable-custom-all-reduce for TP>1.
-GPU_FLAGS=(--attention-backend triton --sampling-backend pytorch --disable-cuda-graph
-           --mm-feature-transport cpu --grammar-backend none --disable-custom-all-reduce)
+# Required on the offline H200 machines (README §3). CUDA graphs stay on (seen working
+# 2026-12-01); custom all-reduce too, unless it was seen failing there.
+GPU_FLAGS=(--attention-backend triton --sampling-backend pytorch
+           --mm-feature-transport cpu --grammar-backend none)
 # SPEXIS_LOCAL_CPU=1: dry run of the scripts on a CPU machine (no site, no GPU flags; the
 # launcher then picks its CPU defaults). Never set on the GPU machine.
 if [ "${SPEXIS_LOCAL_CPU:-0}" = 1 ]; then GPU_FLAGS=(); fi

@@ -53,12 +53,10 @@ GPU_FLAGS = [
     "triton",
     "--sampling-backend",
     "pytorch",
-    "--disable-cuda-graph",
     "--mm-feature-transport",
     "cpu",
     "--grammar-backend",
     "none",
-    "--disable-custom-all-reduce",
 ]
 FORBIDDEN = ("nvls", "symm-mem", "symm_mem", "mnnvl")
 
@@ -80,6 +78,8 @@ SP_COUNTERS = (
     "time_wait_output_s",
     "time_process_s",
     "time_send_s",
+    "decode_graph_replays",
+    "decode_eager_forwards",
 )
 # the custom_params key of a request's own forced acceptance (srt/sp_scheduler.py)
 FORCE_ACCEPT_PARAM = "spexis_force_accept"
@@ -460,6 +460,13 @@ def run_config(
         str(max(a.batches)),
         *cfg["args"],
     ]
+    if a.cuda_graphs and not a.local_cpu:
+        # every configuration's decode graphs cover its largest batch (SP runs all B rows)
+        args += ["--cuda-graph-max-bs", str(max(a.batches))]
+    elif not a.local_cpu:
+        args += ["--disable-cuda-graph"]
+    if not a.custom_all_reduce and not a.local_cpu:
+        args += ["--disable-custom-all-reduce"]
     if a.max_total_tokens:
         args += ["--max-total-tokens", str(a.max_total_tokens)]
     else:
@@ -529,7 +536,26 @@ def run_config(
         print(f"  {model} {cfg['name']} FAILED: {e!r}\n{current['log_tail']}", flush=True)
     finally:
         srv.stop()
+    graphs = decode_graph_use(srv.log_path)
+    for res in results:
+        res["decode_log_lines_by_cuda_graph"] = graphs
     return [r for r in results if r["batches"] or r["status"] != "run"]
+
+
+def decode_graph_use(log_path: str) -> Dict[str, int]:
+    """SGLang's decode log lines by ``cuda graph: True/False``: stock servers' evidence that
+    decode replayed graphs (SP's is its ``decode_graph_replays`` counter)."""
+    out = {"true": 0, "false": 0}
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if "Decode batch" in line and "cuda graph: " in line:
+                    flag = line.split("cuda graph: ", 1)[1].split(",", 1)[0].strip().lower()
+                    if flag in out:
+                        out[flag] += 1
+    except OSError:
+        pass
+    return out
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -720,6 +746,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action="append",
         default=[],
         help="extra launch_server argument (repeat; e.g. --server-arg=--chunked-prefill-size=8192)",
+    )
+    p.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="HISTORY ONLY: run every configuration eagerly (launch-bound; no user runs so)",
+    )
+    p.add_argument(
+        "--no-custom-all-reduce",
+        dest="custom_all_reduce",
+        action="store_false",
+        help="TP without SGLang's custom all-reduce (only after seeing it fail on the machine)",
     )
     p.add_argument("--port", type=int, default=30100)
     p.add_argument("--health-timeout", type=float, default=420)

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
+from spexis_sglang.cpu_support import cuda_available
 
 from .compare import compare_outputs
 from .prompts import lossless_prompts, templated
@@ -75,6 +76,13 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     assert cmp.all_identical, cmp.summary()
     # It really speculated, and the trained head's drafts were accepted.
     assert spec > 0 and acc > 0 and rej > 0
+    graphs = after["decode_graph_replays"] - before["decode_graph_replays"]
+    eager = after["decode_eager_forwards"] - before["decode_eager_forwards"]
+    print(f"stage 0's decode forwards: {graphs} CUDA graph replays, {eager} eager")
+    if cuda_available():  # on a GPU (benchmark/gpu/sp_correctness.sh) SP decode runs in graphs
+        assert graphs > 0 and eager == 0
+    else:
+        assert graphs == 0 and eager > 0
 
 
 def test_effective_batch_matches_eq2(server_factory, model_dir, trained_head):
