@@ -388,10 +388,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from sglang.srt.utils import kill_process_tree
 
     from spexis_sglang.srt.hooks import install, run_spexis_scheduler_process
+    from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
     try:
-        launch_server(server_args, run_scheduler_process_func=run_spexis_scheduler_process)
+        launch_server(
+            server_args,
+            # refuses out-of-vocabulary token ids with a 400 before they reach a scheduler
+            init_tokenizer_manager_func=init_spexis_tokenizer_manager,
+            run_scheduler_process_func=run_spexis_scheduler_process,
+        )
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
     return 0

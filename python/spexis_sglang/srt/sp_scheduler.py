@@ -55,6 +55,7 @@ from spexis_sglang.core.selection import select_drops
 from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
 from spexis_sglang.srt.config import SpexisConfig, get_config
 from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
+from spexis_sglang.srt.input_validation import request_input_error
 
 logger = logging.getLogger(__name__)
 
@@ -712,7 +713,11 @@ class SpexisScheduler(Scheduler):
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
-            error = self._force_accept_param_error(req) or self._sp_unsupported_error(req)
+            error = (
+                request_input_error(req, self.model_config.vocab_size)
+                or self._force_accept_param_error(req)
+                or self._sp_unsupported_error(req)
+            )
             if error:
                 logger.warning("Spexis: aborting request %s: %s", req.rid, error)
                 req.set_finish_with_abort(error)
