@@ -13,7 +13,14 @@ import pytest
 import requests
 
 from .prompts import lossless_prompts
-from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
+from .test_sp_lossless import (  # noqa: F401
+    BASELINE,
+    sp_args,
+    spexis_stats,
+    tiny_prompts,
+    tiny_sp_args,
+    trained_head,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -158,3 +165,30 @@ def test_openai_logprobs_forms_answer_and_match_plain(server_factory, model_dir,
     assert sl["tokens"] == pl["tokens"]
     for a, b in zip(sl["token_logprobs"], pl["token_logprobs"]):
         assert (a is None and b is None) or abs(a - b) <= TOL, (a, b)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="open: on the tiny random-weight model with a random:0 head, SP's committed-row "
+    "logprobs differ from plain SGLang's by up to 4e-3 (token ids identical; also at PP=2, "
+    "with alpha 0, and for a single request; plain PP=4 vs PP=1 is exact), while the bundled "
+    "model and head agree exactly: a small numeric difference in SP's decode forward there",
+)
+def test_deep_pipeline_logprobs_equal_plain(server_factory, tiny_model_dir, tiny_prompts):
+    """PP=4 (the logprobs travel from the last stage through every middle stage's relay) with
+    selective speculation on; the servers of the tiny-model losslessness test."""
+    baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
+    sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(4)])
+    prompts = tiny_prompts[:8]
+    exp = baseline.generate(_logprob_request(prompts))
+    got = sp_server.generate(_logprob_request(prompts))
+    identical = 0
+    for i, (e, g) in enumerate(zip(exp, got)):
+        ids = g["output_ids"]
+        assert [t[1] for t in g["meta_info"]["output_token_logprobs"]] == ids
+        assert len(g["meta_info"]["output_top_logprobs"]) == len(ids)
+        if ids == e["output_ids"]:  # random weights: a float near-tie may flip a token
+            identical += 1
+            _assert_logprobs_close(e["meta_info"], g["meta_info"], f"tiny prompt {i}")
+    print(f"tiny model PP=4 logprobs: {identical}/{len(prompts)} outputs identical and close")
+    assert identical >= len(prompts) - 1
