@@ -225,6 +225,8 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             head = bundled_draft_head(server_args.model_path, server_args.pp_size)
         except BundledHeadError as e:
             raise LaunchError(f"--spexis-draft-head bundled: {e}") from None
+        # the shipped files too (a clone with git-lfs pointers or a damaged install)
+        _check_stage0_artifact(head, server_args, "draft_head", "--spexis-draft-head bundled")
     elif head.startswith("random:"):
         try:
             int(head.split(":", 1)[1])
@@ -281,13 +283,14 @@ def resolve_length_predictor(value: str, server_args) -> str:
             raise LaunchError(f"{where}: {e}") from None
     else:
         path = _artifact_dir(value, where)
-    cfg = _check_stage0_artifact(path, server_args, "length_predictor", where)
+    cfg = _check_stage0_artifact(path, server_args, "length_predictor", where, False)
     features = cfg.extra.get("features") or []
     if features:
         raise LaunchError(
             f"{where}: the server runs hidden-state-only predictors; this one also reads "
             f"{', '.join(features)}"
         )
+    _check_stage0_artifact(path, server_args, "length_predictor", where)
     return path
 
 
@@ -296,8 +299,29 @@ def check_draft_head_artifact(path: str, server_args) -> None:
     _check_stage0_artifact(path, server_args, "draft_head", f"--spexis-draft-head {path}")
 
 
-def _check_stage0_artifact(path: str, server_args, kind: str, where: str):
-    """An artifact of ``kind`` read at stage 0's exit: same base model, same exit layer."""
+def _check_draft_head_weights(path: str, cfg, base: dict, where: str) -> None:
+    from spexis_sglang.models.draft_head import check_draft_head_weights
+
+    check_draft_head_weights(path, cfg, base, where)
+
+
+def _check_length_predictor_weights(path: str, cfg, base: dict, where: str) -> None:
+    from spexis_sglang.models.length_predictor import check_length_predictor_weights
+
+    check_length_predictor_weights(path, cfg, base, where)
+
+
+_ARTIFACT_WEIGHT_CHECKS = {
+    "draft_head": _check_draft_head_weights,
+    "length_predictor": _check_length_predictor_weights,
+}
+
+
+def _check_stage0_artifact(
+    path: str, server_args, kind: str, where: str, check_weights: bool = True
+):
+    """An artifact of ``kind`` read at stage 0's exit: same base model, same exit layer, and
+    (``check_weights``) an intact weights file whose tensors fit the module."""
     from spexis_sglang.bundled import stage0_end_layer
     from spexis_sglang.models.artifact import (
         ArtifactMismatchError,
@@ -311,6 +335,10 @@ def _check_stage0_artifact(path: str, server_args, kind: str, where: str):
             base = json.load(f)
         exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
         check_compatible(cfg, base, expected_kind=kind, exit_layer=exit_layer, where=where)
+        if check_weights:
+            # a truncated or reshaped model.safetensors fails here, not at stage 0's first
+            # forward (header only: cheap)
+            _ARTIFACT_WEIGHT_CHECKS[kind](path, cfg, base, where)
     except ArtifactMismatchError as e:
         hint = ""
         if "exit_layer" in str(e):
@@ -412,10 +440,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from sglang.srt.utils import kill_process_tree
 
     from spexis_sglang.srt.hooks import install, run_spexis_scheduler_process
+    from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
     try:
-        launch_server(server_args, run_scheduler_process_func=run_spexis_scheduler_process)
+        launch_server(
+            server_args,
+            # refuses out-of-vocabulary token ids with a 400 before they reach a scheduler
+            init_tokenizer_manager_func=init_spexis_tokenizer_manager,
+            run_scheduler_process_func=run_spexis_scheduler_process,
+        )
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
     return 0

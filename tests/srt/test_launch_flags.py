@@ -198,3 +198,42 @@ def test_sp_sizes_decode_graphs_for_its_full_batch():
     assert sp_graph_max_bs([], _graph_args(256, backend="disabled"), sp) is None
     assert sp_graph_max_bs([], _graph_args(256, device="cpu"), sp) is None
     assert sp_graph_max_bs([], _graph_args(256), plain) is None
+
+
+def _corrupt_copy(tmp_path, name: str, how: str) -> str:
+    """A copy of a shipped artifact whose model.safetensors is truncated or reshaped."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / f"{name}-{how}"
+    shutil.copytree(os.path.join(HEADS, name), path)
+    weights = path / "model.safetensors"
+    if how == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    else:
+        state = load_file(str(weights))
+        first = sorted(k for k, v in state.items() if v.dim() == 2)[0]
+        state[first] = state[first][:, :-1].contiguous()
+        save_file(state, str(weights))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "how, message", [("truncated", "corrupt or truncated"), ("reshaped", "has shape")]
+)
+@pytest.mark.parametrize(
+    "flag, name", [("--spexis-draft-head", "draft-exit15"), ("--spexis-length-predictor", "length")]
+)
+def test_corrupt_artifact_weights_fail_at_launch(tmp_path, capsys, flag, name, how, message):
+    """A damaged model.safetensors is refused by the launcher (header only, no process
+    started), not at stage 0's first forward."""
+    path = _corrupt_copy(tmp_path, name, how)
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    if flag == "--spexis-length-predictor":
+        argv += ["--spexis-draft-head", "bundled"]
+    argv += [flag, path]
+    assert launch_server.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {path}" in err and message in err, err

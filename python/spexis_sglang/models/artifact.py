@@ -219,6 +219,41 @@ def read_artifact(path: str) -> tuple[ArtifactConfig, dict[str, torch.Tensor]]:
     return cfg, load_file(weights_path)
 
 
+def check_weights_file(
+    path: str, expected: Mapping[str, tuple[int, ...]], where: str = "artifact"
+) -> None:
+    """Check an artifact's ``model.safetensors`` without reading its tensors.
+
+    Reads only the header: a truncated or unparsable file, a missing or unexpected tensor, or
+    a shape that differs from ``expected`` (name -> shape, e.g. a module's state dict built on
+    the meta device) raises :class:`ArtifactMismatchError` naming the problem.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    if not os.path.isfile(weights_path):
+        raise FileNotFoundError(f"artifact directory {path!r} has no {WEIGHTS_FILE}")
+    try:
+        with safe_open(weights_path, framework="pt", device="cpu") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ArtifactMismatchError(
+            f"{where}: {WEIGHTS_FILE} is corrupt or truncated ({e})"
+        ) from None
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise ArtifactMismatchError(
+            f"{where}: weights do not fit the module (missing {missing}, unexpected {unexpected})"
+        )
+    for name, shape in shapes.items():
+        if shape != tuple(expected[name]):
+            raise ArtifactMismatchError(
+                f"{where}: tensor {name!r} has shape {shape} in the artifact but "
+                f"{tuple(expected[name])} in the module"
+            )
+
+
 def load_state_strict(
     module: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str
 ) -> None:

@@ -50,6 +50,7 @@ from spexis_sglang.models.artifact import (
     ArtifactMismatchError,
     architecture_fields,
     check_compatible,
+    check_weights_file,
     load_state_strict,
     read_artifact,
     save_artifact,
@@ -312,14 +313,30 @@ def load_draft_head(
     check_compatible(
         cfg, base_config, expected_kind=KIND, exit_layer=exit_layer, where=f"draft head {path!r}"
     )
-    num_layers = int(cfg.extra.get("head", {}).get("num_layers", 1))
-    head = DraftHead(DraftHeadConfig.from_base(base_config, num_layers=num_layers))
+    head = DraftHead(_draft_head_config(cfg, base_config))
     load_state_strict(head, state, where=f"draft head {path!r}")
     return head.to(device=device, dtype=dtype).eval(), cfg
 
 
+def _draft_head_config(cfg: ArtifactConfig, base_config: Any) -> DraftHeadConfig:
+    num_layers = int(cfg.extra.get("head", {}).get("num_layers", 1))
+    return DraftHeadConfig.from_base(base_config, num_layers=num_layers)
+
+
+def check_draft_head_weights(path: str, cfg: ArtifactConfig, base_config: Any, where: str) -> None:
+    """The artifact's weights file is intact and its tensors have the module's shapes.
+
+    Reads only the safetensors header and builds the module on the meta device, so it is
+    cheap enough for a launcher (raises :class:`ArtifactMismatchError`)."""
+    head_cfg = _draft_head_config(cfg, base_config)
+    with torch.device("meta"):
+        head = DraftHead(head_cfg)
+    check_weights_file(path, {k: v.shape for k, v in head.state_dict().items()}, where)
+
+
 __all__ = [
     "ArtifactMismatchError",
+    "check_draft_head_weights",
     "DraftHead",
     "DraftHeadConfig",
     "greedy_with_confidence",

@@ -42,6 +42,7 @@ from spexis_sglang.models.artifact import (
     ArtifactMismatchError,
     architecture_fields,
     check_compatible,
+    check_weights_file,
     load_state_strict,
     read_artifact,
     save_artifact,
@@ -209,6 +210,27 @@ def load_length_predictor(
     cfg, state = read_artifact(path)
     where = f"length predictor {path!r}"
     check_compatible(cfg, base_config, expected_kind=KIND, exit_layer=exit_layer, where=where)
+    model = LengthPredictor(_length_predictor_config(cfg, base_config, where))
+    load_state_strict(model, state, where=where)
+    return model.to(device=device, dtype=dtype).eval(), cfg
+
+
+def check_length_predictor_weights(
+    path: str, cfg: ArtifactConfig, base_config: Any, where: str
+) -> None:
+    """The artifact's settings are valid, its weights file intact and of the module's shapes.
+
+    Reads only the safetensors header and builds the module on the meta device (cheap enough
+    for a launcher; raises :class:`ArtifactMismatchError`)."""
+    lp_cfg = _length_predictor_config(cfg, base_config, where)
+    with torch.device("meta"):
+        model = LengthPredictor(lp_cfg)
+    check_weights_file(path, {k: v.shape for k, v in model.state_dict().items()}, where)
+
+
+def _length_predictor_config(
+    cfg: ArtifactConfig, base_config: Any, where: str
+) -> LengthPredictorConfig:
     thresholds = tuple(int(t) for t in cfg.extra.get("thresholds", DEFAULT_THRESHOLDS))
     cutoffs = [float(c) for c in cfg.extra.get("cutoffs", [0.5] * len(thresholds))]
     if len(cutoffs) != len(thresholds):
@@ -225,16 +247,12 @@ def load_length_predictor(
     output = str(cfg.extra.get("output", "independent"))
     if output not in OUTPUTS:
         raise ArtifactMismatchError(f"{where}: unknown output {output!r}; known: {OUTPUTS}")
-    model = LengthPredictor(
-        LengthPredictorConfig(
-            hidden_size=cfg.hidden_size,
-            rms_norm_eps=architecture_fields(base_config)["rms_norm_eps"],
-            mlp_hidden=int(cfg.extra.get("mlp_hidden", 512)),
-            thresholds=thresholds,
-            cutoffs=cutoffs,
-            features=features,
-            output=output,
-        )
+    return LengthPredictorConfig(
+        hidden_size=cfg.hidden_size,
+        rms_norm_eps=architecture_fields(base_config)["rms_norm_eps"],
+        mlp_hidden=int(cfg.extra.get("mlp_hidden", 512)),
+        thresholds=thresholds,
+        cutoffs=cutoffs,
+        features=features,
+        output=output,
     )
-    load_state_strict(model, state, where=where)
-    return model.to(device=device, dtype=dtype).eval(), cfg

@@ -11,6 +11,10 @@ What is installed (SGLang's own extension points, no patches):
   looks the class up at call time);
 * with a draft head configured, the Spexis model classes in SGLang's ``ModelRegistry``
   (the stage-0 model runs the draft head inside its forward).
+
+In the HTTP server's process, ``launch_server`` passes SGLang's ``init_tokenizer_manager_func``
+the :class:`spexis_sglang.srt.tokenizer_manager.SpexisTokenizerManager` (token ids outside the
+vocabulary answer 400 instead of crashing stage 0).
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ from spexis_sglang.core.selection import select_drops
 from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
 from spexis_sglang.srt.config import SpexisConfig, get_config
 from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
+from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 
 logger = logging.getLogger(__name__)
 
@@ -541,7 +543,7 @@ class SpexisScheduler(Scheduler):
             self.spec_algorithm,
         )
         batch.forward_mode = ForwardMode.DECODE
-        batch.return_logprob = False
+        set_decode_logprob_fields(batch, batch.reqs)
         meta_cpu = torch.tensor([tokens, pool_idx, positions], dtype=torch.int64)
         meta = meta_cpu.to(device)
         batch.input_ids = meta[0]
@@ -720,7 +722,11 @@ class SpexisScheduler(Scheduler):
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
-            error = self._force_accept_param_error(req) or self._sp_unsupported_error(req)
+            error = (
+                request_input_error(req, self.model_config.vocab_size)
+                or self._force_accept_param_error(req)
+                or self._sp_unsupported_error(req)
+            )
             if error:
                 logger.warning("Spexis: aborting request %s: %s", req.rid, error)
                 req.set_finish_with_abort(error)
@@ -793,9 +799,10 @@ class SpexisScheduler(Scheduler):
         rows: List[SpexisRow] = batch.spexis_rows
         true_ids = pp_outputs["next_token_ids"].tolist()
         draft_ids = pp_outputs[DRAFT_IDS_KEY].tolist()
+        logprobs = DecodeLogprobs.from_result(batch, result)
         touched: List[Req] = []
         force = self.spexis_config.force_accept is not None
-        for row, y, d in zip(rows, true_ids, draft_ids):
+        for i, (row, y, d) in enumerate(zip(rows, true_ids, draft_ids)):
             req = row.req
             if force and req.rid in self.sp and self.sp.num_unverified(req.rid) > 0:
                 # Benchmark-only: pretend the target agreed with the draft w.p. theta.
@@ -814,6 +821,8 @@ class SpexisScheduler(Scheduler):
             self.sp_stats.tokens_committed += 1
             req.kv_committed_len = row.position + 1
             req.output_ids.append(int(y))
+            if logprobs is not None:  # a committed row: its prefix is verified
+                logprobs.record(req, i, y)
             if force:
                 self._label_forced(req)
             req.time_stats.set_last_decode_finish_time()
@@ -824,7 +833,7 @@ class SpexisScheduler(Scheduler):
                 self.sp_running_batch.batch_is_full = False
             touched.append(req)
         if touched:
-            self.output_streamer.stream_output(touched, False)
+            self.output_streamer.stream_output(touched, logprobs is not None)
         self.metrics_reporter.num_generated_tokens += len(touched)
 
     def sp_admit_prefilled(self, batch: ScheduleBatch) -> None:
