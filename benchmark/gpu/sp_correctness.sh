@@ -2,13 +2,15 @@
 # benchmark/gpu/sp_correctness.sh: issue #6's correctness on the GPU machine. Runs the project's
 # own end-to-end tests on the default model with its real weights and trained draft head:
 #   * greedy equality of Spexis SP (PP=2, bundled exit-15 head) with plain SGLang (PP=1),
-#     32 prompts x 64 tokens (tests/e2e/compare.py tells near-ties and baseline batch-instability
-#     from real mismatches), and the real acceptance of the head on those prompts;
-#   * committed tokens per row against Eq. 2.
+#     32 prompts x 64 tokens (tests/e2e/compare.py: identical token ids demanded), and the real acceptance of the head on those prompts;
+#   * committed tokens per row against Eq. 2;
+#   * with CUDA graphs on (the default now): SP decode ran in graphs (replay counter), and
+#     stage 0's replayed forward makes exactly the drafts and length buckets of an eager server
+#     (tests/e2e/test_sp_graphs.py: same verdict counts, same outputs).
 # Servers get the GPU machine's required flags through SPEXIS_TEST_SERVER_ARGS, bf16 with
 # SGLang's batch-invariant kernels (--enable-deterministic-inference: without them bf16 SGLang
 # itself is not batch-invariant on the GPU, so PP=2 and PP=1 differ even without Spexis; float32
-# has no sgl_kernel rmsnorm on the GPU) and a small memory share (two servers live at once).
+# has no sgl_kernel rmsnorm on the GPU) and a small memory share (three servers live at once).
 # Session 4, 2x H200: 32/32 prompts identical, 261 s (benchmark/README.md "GPU correctness").
 # Needs the default model's GGUF (benchmark/gpu/default_model_parts.sh join) and 2 GPUs.
 # Output: $OUT/sp_correctness_$TAG.log (pytest -s output, acceptance lines) and the junit XML.
@@ -21,7 +23,7 @@ DTYPE=${DTYPE:-bfloat16}
 # EXTRA_SERVER_ARGS: more server flags; EXTRA_SERVER_ARGS= (empty) turns the deterministic
 # kernels off (the session-2 control: bf16 flips that plain SGLang shows too)
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS---enable-deterministic-inference}
-export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.3 ${EXTRA_SERVER_ARGS:-}"
+export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.25 ${EXTRA_SERVER_ARGS:-}"
 TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}}
 export SPEXIS_CACHE_DIR=/tmp/spexis-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,6 +32,7 @@ python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; p
 echo "default model ready in $((SECONDS - T0)) s"
 python3 -m pytest -p no:cacheprovider -s -q -x --junitxml "$OUT/sp_correctness_$TAG.xml" \
   tests/e2e/test_sp_lossless.py -k "default_model_pp2_equals_plain or effective_batch_matches_eq2" \
+  tests/e2e/test_sp_graphs.py \
   2>&1 | tee "$OUT/sp_correctness_$TAG.log"
 RC=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$OUT/sp_correctness_$TAG.log"
