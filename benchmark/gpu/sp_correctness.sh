@@ -31,7 +31,7 @@ T0=$SECONDS
 python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
 echo "default model ready in $((SECONDS - T0)) s"
 python3 -m pytest -p no:cacheprovider -s -q -x --junitxml "$OUT/sp_correctness_$TAG.xml" \
-  tests/e2e/test_sp_lossless.py -k "default_model_pp2_equals_plain or effective_batch_matches_eq2" \
+  tests/e2e/test_sp_lossless.py -k "default_model_pp2_equals_plain or effective_batch_matches_eq2 or graph_replay_drafts" \
   tests/e2e/test_sp_graphs.py \
   2>&1 | tee "$OUT/sp_correctness_$TAG.log"
 RC=${PIPESTATUS[0]}
