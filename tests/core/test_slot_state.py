@@ -474,3 +474,35 @@ def test_depth_and_order_checks() -> None:
     with pytest.raises(SlotStateError, match="launch order"):
         ss.on_result([8], slots=[1])
     assert ss.on_result([8], slots=[0]).verdict.tolist() == [Verdict.APPENDED]
+
+
+def test_late_draft_of_a_previous_occupant_is_stale() -> None:
+    """A slot's next occupant starts at a higher epoch, so a draft applied late for the last
+    occupant's row cannot pass for the new occupant's (SPState tells them apart by id)."""
+    ss = SlotState(capacity=1, depth=2)
+    ss.admit(0, verified_len=5, last_token=1)
+    old = ss.next_rows()
+    ss.on_launch(old)  # row at 4, epoch 0
+    ss.release(0)
+    assert ss.on_result([2]).verdict.tolist() == [Verdict.STALE]
+    assert ss.pop_drained().tolist() == [0]
+    ss.admit(0, verified_len=5, last_token=3)  # the same positions as the last occupant
+    new = ss.next_rows()
+    assert new.epoch.tolist() == [1]
+    ss.on_launch(new)
+    assert ss.on_draft(old.slot, old.position, old.epoch, [9], [1.0]).tolist() == [False]
+    assert not ss.has_pending_draft(0)[0] and len(ss.next_rows()) == 0
+
+
+def test_drop_counts_only_pending_drafts() -> None:
+    ss = SlotState(capacity=3, depth=2)
+    ss.admit([0, 1], verified_len=[3, 4], last_token=[7, 8])
+    r = ss.next_rows()
+    ss.on_launch(r)
+    ss.on_draft(r.slot[:1], r.position[:1], r.epoch[:1], [5], [0.5])  # slot 0 only
+    ss.drop([0, 1])
+    assert ss.stats.drafts_dropped == 1
+    ss.drop([0])
+    assert ss.stats.drafts_dropped == 1
+    with pytest.raises(SlotStateError):
+        ss.drop([2])  # not admitted
