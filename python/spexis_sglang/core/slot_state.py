@@ -118,7 +118,19 @@ class SlotStatus(enum.IntEnum):
     DRAINING = 2
 
 
+# plain ints for the hot path (an enum attribute lookup costs more than a small numpy op)
+_FREE, _ACTIVE, _DRAINING = int(SlotStatus.FREE), int(SlotStatus.ACTIVE), int(SlotStatus.DRAINING)
+_STALE, _APPENDED, _ACCEPTED, _REJECTED = (
+    int(Verdict.STALE),
+    int(Verdict.APPENDED),
+    int(Verdict.ACCEPTED),
+    int(Verdict.REJECTED),
+)
+
+
 def _i64(x: object) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype == np.int64 and x.ndim == 1:
+        return x
     return np.atleast_1d(np.asarray(x, dtype=np.int64))
 
 
@@ -226,6 +238,7 @@ class SlotState:
         self._ring_tok = np.zeros((c, d), dtype=np.int64)
         self._ring_conf = np.ones((c, d), dtype=np.float64)
         self._mark = np.full(c, -1, dtype=np.int64)  # scratch for the uniqueness check
+        self._arange = np.arange(c, dtype=np.int64)
         self._batches: deque[Rows] = deque()
         self._drained: list[np.ndarray] = []
         self.stats = SPStats()
@@ -250,15 +263,15 @@ class SlotState:
         if (v < 1).any():
             raise ValueError(f"verified_len must be >= 1, got {v.min()}")
         status = self._status[s]
-        if (status == SlotStatus.ACTIVE).any():
-            raise SlotStateError(f"slots {s[status == SlotStatus.ACTIVE]} are already active")
-        if (status == SlotStatus.DRAINING).any():
+        if (status == _ACTIVE).any():
+            raise SlotStateError(f"slots {s[status == _ACTIVE]} are already active")
+        if (status == _DRAINING).any():
             raise SlotStateError(
-                f"slots {s[status == SlotStatus.DRAINING]} still have rows in flight from "
+                f"slots {s[status == _DRAINING]} still have rows in flight from "
                 "before their release; wait until pop_drained() reports them"
             )
         self._check_unique(s)
-        self._status[s] = SlotStatus.ACTIVE
+        self._status[s] = _ACTIVE
         self._verified[s] = v
         self._last[s] = tok
         self._frontier[s] = v - 1
@@ -274,13 +287,13 @@ class SlotState:
         Releasing a slot that is not active is a no-op.
         """
         s = self._check_slots(_i64(slots))
-        s = s[self._status[s] == SlotStatus.ACTIVE]
+        s = s[self._status[s] == _ACTIVE]
         if s.size == 0:
             return
         self._check_unique(s)
         self._has_pending[s] = False
         idle = self._inflight[s] == 0
-        self._status[s] = np.where(idle, SlotStatus.FREE, SlotStatus.DRAINING)
+        self._status[s] = np.where(idle, _FREE, _DRAINING)
         if idle.any():
             self._free(s[idle])
 
@@ -300,7 +313,7 @@ class SlotState:
 
     def active_slots(self) -> np.ndarray:
         """Active slots, ascending."""
-        return np.flatnonzero(self._status == SlotStatus.ACTIVE)
+        return np.flatnonzero(self._status == _ACTIVE)
 
     @property
     def num_batches_in_flight(self) -> int:
@@ -375,13 +388,13 @@ class SlotState:
         (``SPState.drop_draft``, counted in ``stats.drafts_dropped``).
         """
         if slots is None:
-            s = np.flatnonzero(self._status == SlotStatus.ACTIVE)
+            s = np.flatnonzero(self._status == _ACTIVE)
         else:
             s = self._check_slots(_i64(slots))
             status = self._status[s]
-            if (status == SlotStatus.FREE).any():
-                raise SlotStateError(f"slots {s[status == SlotStatus.FREE]} are not admitted")
-            s = s[status == SlotStatus.ACTIVE]
+            if (status == _FREE).any():
+                raise SlotStateError(f"slots {s[status == _FREE]} are not admitted")
+            s = s[status == _ACTIVE]
         f = self._frontier[s]
         v = self._verified[s]
         normal = f == v - 1
@@ -418,12 +431,15 @@ class SlotState:
         cand = np.flatnonzero(rows.is_spec)
         if alpha <= 0 or cand.size == 0:
             return rows, np.empty(0, dtype=np.int64)
-        cs = rows.slot[cand]
-        drops = select_drops(self.candidate_confidence(cs), alpha)
+        cs = self._active(rows.slot[cand])
+        if not self._has_pending[cs].all():
+            raise SlotStateError("select() takes the rows of next_rows(): a draft is missing")
+        drops = select_drops(self._chain(cs) * self._pending_conf[cs], alpha)
         if drops.size == 0:
             return rows, np.empty(0, dtype=np.int64)
         dropped = cs[drops]
-        self.drop(dropped)
+        self._has_pending[dropped] = False
+        self.stats.drafts_dropped += int(dropped.size)
         keep = np.ones(len(rows), dtype=bool)
         keep[cand[drops]] = False
         return rows.take(keep), dropped
@@ -461,7 +477,17 @@ class SlotState:
         self._batches.append(rows)
 
     def _check_launch(self, rows: Rows, s: np.ndarray) -> None:
-        bad = self._status[s] != SlotStatus.ACTIVE
+        f, v, spec = self._frontier[s], self._verified[s], rows.is_spec
+        ok = (self._status[s] == _ACTIVE) & (rows.position == f)
+        ok &= (rows.epoch == self._epoch[s]) & (self._inflight[s] < self.depth)
+        ok &= rows.token == np.where(spec, self._pending_tok[s], self._last[s])
+        ok &= np.where(spec, (f >= v) & self._has_pending[s], f == v - 1)
+        if not ok.all():
+            self._launch_error(rows, s)
+
+    def _launch_error(self, rows: Rows, s: np.ndarray) -> None:
+        """Raise the first reason a launched row is not the planned one."""
+        bad = self._status[s] != _ACTIVE
         if bad.any():
             raise SlotStateError(f"launch for slots {s[bad]} that are not active")
         f, v = self._frontier[s], self._verified[s]
@@ -494,6 +520,7 @@ class SlotState:
         bad = self._inflight[s] >= self.depth
         if bad.any():
             raise SlotStateError(f"slots {s[bad]} already have depth={self.depth} rows in flight")
+        raise SlotStateError("a launched row is not the planned one")  # not reached
 
     def on_draft(
         self,
@@ -513,7 +540,7 @@ class SlotState:
         p, e = _i64(positions), _i64(epochs)
         f = self._frontier[s]
         ok = (
-            (self._status[s] == SlotStatus.ACTIVE)
+            (self._status[s] == _ACTIVE)
             & (e == self._epoch[s])
             & (p + 1 == f)
             & (f >= self._verified[s])
@@ -561,7 +588,7 @@ class SlotState:
                 raise SlotStateError(f"{ld.shape[0]} launched drafts for a batch of {n} rows")
         s, p = rows.slot, rows.position
         status = self._status[s]
-        valid = (status == SlotStatus.ACTIVE) & (rows.epoch == self._epoch[s])
+        valid = (status == _ACTIVE) & (rows.epoch == self._epoch[s])
         vs, vp = s[valid], p[valid]
         bad = vp != self._verified[vs] - 1
         if bad.any():
@@ -573,7 +600,7 @@ class SlotState:
 
         # every row leaves the pipe; draining slots whose last row this was are free again
         self._inflight[s] -= 1
-        draining = status == SlotStatus.DRAINING
+        draining = status == _DRAINING
         if draining.any():
             ds = s[draining]
             done = ds[self._inflight[ds] == 0]
@@ -590,7 +617,9 @@ class SlotState:
         rej = has_draft & ~acc
         self._verified[vs] = vp + 2
         self._last[vs] = vy
-        if rej.any():
+        n_acc = int(np.count_nonzero(acc))
+        n_rej = int(np.count_nonzero(rej))
+        if n_rej:
             rs = vs[rej]
             self._epoch[rs] += 1
             self._has_pending[rs] = False
@@ -598,17 +627,11 @@ class SlotState:
         # no launched row depends on the token: a pending draft for the same position is
         # obsolete (the next row is a normal row with the true token)
         app = ~has_draft
-        if app.any():
-            a_s = vs[app]
-            self._has_pending[a_s[self._frontier[a_s] == vp[app] + 1]] = False
+        a_s = vs[app]
+        self._has_pending[a_s[self._frontier[a_s] == vp[app] + 1]] = False
 
-        vcode = np.where(
-            has_draft, np.where(acc, Verdict.ACCEPTED, Verdict.REJECTED), Verdict.APPENDED
-        ).astype(np.int8)
-        verdict = np.zeros(n, dtype=np.int8)  # STALE
-        verdict[valid] = vcode
-        n_acc = int(np.count_nonzero(acc))
-        n_rej = int(np.count_nonzero(rej))
+        verdict = np.full(n, _STALE, dtype=np.int8)
+        verdict[valid] = np.where(has_draft, np.where(acc, _ACCEPTED, _REJECTED), _APPENDED)
         self.stats.accepted += n_acc
         self.stats.rejected += n_rej
         self.stats.appended += vs.size - n_acc - n_rej
@@ -619,7 +642,7 @@ class SlotState:
 
     # ------------------------------------------------------------------ helpers
     def _free(self, s: np.ndarray) -> None:
-        self._status[s] = SlotStatus.FREE
+        self._status[s] = _FREE
         # the next occupant starts above every epoch the last one used: a late draft of the
         # last occupant's rows can never pass for one of the new occupant's
         self._epoch[s] += 1
@@ -631,26 +654,27 @@ class SlotState:
         top = int(count.max()) if count.size else 0
         v = self._verified[s]
         for k in range(top):
-            m = count > k
-            c[m] *= self._ring_conf[s[m], (v[m] + k) % self.depth]
+            # x * 1.0 == x exactly: the product stays the oldest-first one of SPState
+            c *= np.where(count > k, self._ring_conf[s, (v + k) % self.depth], 1.0)
         return c
 
     def _check_slots(self, s: np.ndarray) -> np.ndarray:
         if s.ndim != 1:
             raise SlotStateError(f"slots must be one-dimensional, got shape {s.shape}")
-        if s.size and (s.min() < 0 or s.max() >= self.capacity):
+        # a negative slot reads as a huge unsigned one: one reduction checks both ends
+        if s.size and s.view(np.uint64).max() >= self.capacity:
             raise SlotStateError(f"slots must lie in [0, {self.capacity}), got {s}")
         return s
 
     def _active(self, slots: np.ndarray | int) -> np.ndarray:
         s = self._check_slots(_i64(slots))
-        bad = self._status[s] != SlotStatus.ACTIVE
+        bad = self._status[s] != _ACTIVE
         if bad.any():
             raise SlotStateError(f"slots {s[bad]} are not active (released or never admitted)")
         return s
 
     def _check_unique(self, s: np.ndarray) -> None:
-        idx = np.arange(s.shape[0])
+        idx = self._arange[: s.shape[0]]
         self._mark[s] = idx
-        if not np.array_equal(self._mark[s], idx):
+        if (self._mark[s] != idx).any():
             raise SlotStateError(f"a slot appears more than once in {s}")
