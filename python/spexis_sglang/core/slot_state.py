@@ -8,16 +8,16 @@ is a batch operation on numpy arrays: a decode iteration costs a few dozen numpy
 of several Python calls per row. ``SPState`` stays the oracle: ``tests/core/test_slot_state.py``
 drives both on random event sequences and demands identical rows, verdicts and commits.
 
-Epochs are per slot and never go back: a slot's next occupant starts one above the epoch its
-last occupant ended with (``SPState`` starts every request at 0; the tags differ by a constant
-per request, the verdicts do not), so a draft applied late for a row of the previous occupant
-is recognised as stale like any other.
-
 Per-slot state
 --------------
 ``epoch``, ``verified_len`` (V), ``last_token``, ``frontier`` (F, the position of the next row),
 ``high_water``, the number of rows in flight, the pending draft (made, not launched) and its
 confidence, and ``limit`` (the length the request may reach; see *Useless drafts*).
+
+Epochs are per slot and never go back: a slot's next occupant starts one above the epoch its
+last occupant ended with (``SPState`` starts every request at 0; the tags differ by a constant
+per request, the verdicts do not), so a draft applied late for a row of the previous occupant
+is recognised as stale like any other.
 
 The launched, unverified drafts of the current epoch are exactly the speculative rows at
 positions ``V .. F-1`` (a normal row sits at ``V-1``; every later row of the epoch is
@@ -78,7 +78,7 @@ import numpy as np
 from .selection import select_drops
 from .sp_state import Outcome, SPProtocolError, SPStats
 
-__all__ = ["Results", "Rows", "SlotState", "SlotStateError", "SlotStatus", "Verdict"]
+__all__ = ["NO_LIMIT", "Results", "Rows", "SlotState", "SlotStateError", "SlotStatus", "Verdict"]
 
 #: ``limit`` of a request without one (no length bound on speculation).
 NO_LIMIT = np.iinfo(np.int64).max
