@@ -11,6 +11,8 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
 * :mod:`.selection` — which drafts to speculate on (drop the lowest ``alpha``) and the
   alpha chooser.
 * :mod:`.sp_state` — per-request epoch bookkeeping of speculative rows.
+* :mod:`.slot_state` — the same bookkeeping in numpy arrays by request slot, a batch per call
+  (the scheduler's hot path; ``SPState`` is its test oracle).
 * :mod:`.simulation` — brute-force simulations that check all of the above.
 """
 
@@ -54,6 +56,7 @@ from .selection import (
     num_dropped,
     select_drops,
 )
+from .slot_state import Results, Rows, SlotState, SlotStateError, SlotStatus, Verdict
 from .sp_state import Outcome, RowPlan, SPProtocolError, SPState, SPStats
 
 __all__ = [
@@ -71,10 +74,16 @@ __all__ = [
     "Profile",
     "ProfileError",
     "RankAcceptanceProfile",
+    "Results",
     "RowPlan",
+    "Rows",
     "SPProtocolError",
     "SPState",
     "SPStats",
+    "SlotState",
+    "SlotStateError",
+    "SlotStatus",
+    "Verdict",
     "b_alpha_star",
     "b_eff_alpha_star",
     "b_eff_star",
