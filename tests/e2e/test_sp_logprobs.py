@@ -12,6 +12,8 @@ from typing import Dict, List
 import pytest
 import requests
 
+from spexis_sglang.testing import exact_test_args
+
 from .prompts import lossless_prompts
 from .test_sp_lossless import (  # noqa: F401
     BASELINE,
@@ -24,8 +26,17 @@ from .test_sp_lossless import (  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
-# fp32 on CPU: SP's batches differ from plain SGLang's, so values move in the last bits
-TOL = 1e-4
+# Every test server runs in the exact mode (conftest ``exact``). On CPU that is float64, where a
+# row's logits move by ~1e-13 when the batch around it changes; SGLang's LogitsProcessor still
+# hands the sampler float32 logits (``logits.float()``) and log_softmax runs in float32, so such
+# a move can at most flip the float32 rounding of a logit or of the log-sum-exp: one ulp each,
+# at most 3.8e-6 for |values| < 64. 1e-5 allows that (400x below the float16 ulps below);
+# measured: 0.0 (issue 15).
+# (Without the exact mode SGLang's dtype "auto" runs a float32 checkpoint in float16, whose
+# logits are rounded to ulps of 2e-3..4e-3 at |logit| 2..8: the 4e-3 differences issue 15
+# recorded on the tiny model were one such ulp, not fp32 noise and not an SP bug.)
+EXACT = "--spexis-float64" in exact_test_args()
+TOL = 1e-5 if EXACT else 1e-4
 TOP_K = 5
 PROBE_IDS = [13, 198, 314]  # token_ids_logprob: '.', '\n' and a common word piece
 NEW_TOKENS = 24
@@ -167,28 +178,39 @@ def test_openai_logprobs_forms_answer_and_match_plain(server_factory, model_dir,
         assert (a is None and b is None) or abs(a - b) <= TOL, (a, b)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: on the tiny random-weight model with a random:0 head, SP's committed-row "
-    "logprobs differ from plain SGLang's by up to 4e-3 (token ids identical; also at PP=2, "
-    "with alpha 0, and for a single request; plain PP=4 vs PP=1 is exact), while the bundled "
-    "model and head agree exactly: a small numeric difference in SP's decode forward there",
-)
 def test_deep_pipeline_logprobs_equal_plain(server_factory, tiny_model_dir, tiny_prompts):
     """PP=4 (the logprobs travel from the last stage through every middle stage's relay) with
-    selective speculation on; the servers of the tiny-model losslessness test."""
+    selective speculation on; the servers of the tiny-model losslessness test.
+
+    The random:0 head is almost always wrong, so nearly every speculative row is rejected and
+    comes back stale and re-executed positions overwrite stale KV: a row that read a stale or
+    out-of-range KV slot would move its logprobs by far more than TOL (issue 15: in float64
+    the two servers agree to 0.0 at PP=4 / alpha 0.25 and PP=2 / alpha 0)."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
     sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(4)])
     prompts = tiny_prompts[:8]
     exp = baseline.generate(_logprob_request(prompts))
+    before = spexis_stats(sp_server)
     got = sp_server.generate(_logprob_request(prompts))
-    identical = 0
+    after = spexis_stats(sp_server)
+    # the stale rows this test is about happened
+    assert after["rows_stale"] > before["rows_stale"] and after["rejected"] > before["rejected"]
+    identical, worst = 0, 0.0
     for i, (e, g) in enumerate(zip(exp, got)):
         ids = g["output_ids"]
         assert [t[1] for t in g["meta_info"]["output_token_logprobs"]] == ids
         assert len(g["meta_info"]["output_top_logprobs"]) == len(ids)
-        if ids == e["output_ids"]:  # random weights: a float near-tie may flip a token
+        if ids == e["output_ids"]:
             identical += 1
-            _assert_logprobs_close(e["meta_info"], g["meta_info"], f"tiny prompt {i}")
-    print(f"tiny model PP=4 logprobs: {identical}/{len(prompts)} outputs identical and close")
-    assert identical >= len(prompts) - 1
+            worst = max(
+                worst, _assert_logprobs_close(e["meta_info"], g["meta_info"], f"tiny prompt {i}")
+            )
+    print(
+        f"tiny model PP=4 logprobs: {identical}/{len(prompts)} outputs identical, largest "
+        f"|delta logprob| {worst:.2e} (tolerance {TOL:g}); stale rows "
+        f"{after['rows_stale'] - before['rows_stale']}, rejected "
+        f"{after['rejected'] - before['rejected']}"
+    )
+    # exact mode: identical token ids, like every equality test; otherwise a float near-tie
+    # of the random weights may flip one
+    assert identical == len(prompts) if EXACT else identical >= len(prompts) - 1
