@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -92,11 +93,22 @@ def test_discarded_and_restarted_iterations_count_nothing():
     assert d["cpu_busy_s"] < IDLE_CPU
 
 
+@dataclass(frozen=True, slots=True)
+class FakeReceiver:
+    """Frozen and slotted, like SGLang's SchedulerRequestReceiver (it cannot be patched)."""
+
+    max_recv_per_poll: int = -1
+
+    def recv_requests(self):
+        burn(1 * MS)
+        return []
+
+
 class FakeStockScheduler:
     """The methods stock event_loop_pp calls, each burning a known CPU time."""
 
     def __init__(self):
-        self.request_receiver = SimpleNamespace(recv_requests=lambda: burn(1 * MS) or [])
+        self.request_receiver = FakeReceiver()
 
     def process_input_requests(self, reqs):
         burn(1 * MS)
@@ -152,6 +164,7 @@ def test_stock_pp_timers_wrap_the_loops_calls_and_count_busy_steps_and_decode_ro
     for batch in (_batch(5, decode=False), _batch(4), _batch(4), None, _batch(4)):
         _step(s, batch)
     _step(s, None)  # a step is counted when the next one begins
+    assert s.request_receiver.max_recv_per_poll == -1  # the rest is the receiver's own
     d = timers.as_dict()
     assert d["iterations"] == 4  # the idle step is not counted
     assert d["decode_iterations"] == 3 and d["decode_rows"] == 12

@@ -147,6 +147,17 @@ class PhaseTimer:
         return d
 
 
+class _TimedReceiver:
+    """A request receiver whose ``recv_requests`` is timed; everything else is the original's."""
+
+    def __init__(self, receiver: Any, recv_requests: Callable):
+        self._receiver = receiver
+        self.recv_requests = recv_requests
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._receiver, name)
+
+
 # stock event_loop_pp's calls (sglang/srt/managers/scheduler_pp_mixin.py), by phase; the
 # loop's own code between them and _pp_commit_comm_work's waits count in busy time only
 STOCK_PP_PHASE_METHODS: Dict[str, Sequence[str]] = {
@@ -176,8 +187,11 @@ class StockPPPhaseTimers:
         for phase, names in STOCK_PP_PHASE_METHODS.items():
             for name in names:
                 setattr(scheduler, name, self._wrap(getattr(scheduler, name), phase))
+        # (SGLang's receiver is a frozen, slotted dataclass: it is wrapped, not patched)
         receiver = scheduler.request_receiver
-        receiver.recv_requests = self._wrap_iteration_start(receiver.recv_requests)
+        scheduler.request_receiver = _TimedReceiver(
+            receiver, self._wrap_iteration_start(receiver.recv_requests)
+        )
         logger.info("%s=1: timing stock event_loop_pp by phase", PHASE_TIMERS_ENV)
 
     def _wrap(self, fn: Callable, phase: str) -> Callable:
