@@ -55,7 +55,7 @@ SCHED_PROC = ("schedule", "draft_sync", "process")
 
 
 def stats(server: ServerProcess) -> Dict[str, float]:
-    info = requests.get(server.base_url + "/server_info", timeout=120).json()
+    info = requests.get(server.base_url + "/server_info", timeout=600).json()
     return info["internal_states"][0]["spexis"]
 
 
@@ -220,6 +220,11 @@ def main() -> int:
     ap.add_argument("--server-timeout", type=float, default=600.0)
     ap.add_argument("--only", choices=("sp", "stock"), default=None)
     ap.add_argument("--out", default=None, help=f"JSON result (e.g. {RESULT})")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep --out's records of other (loop, B) pairs (re-run one loop or one B)",
+    )
     args = ap.parse_args()
 
     sys.path.insert(0, ".")
@@ -236,6 +241,8 @@ def main() -> int:
     # float32: CPU matmuls in float16 (the checkpoint's default here) are many times slower,
     # and SP's stage 0 runs the draft head's vocabulary projection on every row
     common += ["--dtype", "float32"]
+    # SGLang's warm-up request is text, whose token ids lie beyond the small vocabulary
+    common += ["--skip-server-warmup"]
     common += ["--max-running-requests", str(b_max), "--random-seed", "0"]
     common += ["--max-total-tokens", str(b_max * (args.prompt_len + args.new_tokens + 16))]
     sp = common + ["--spexis-draft-head", "random:0"]
@@ -246,11 +253,18 @@ def main() -> int:
         records += run_server("stock", common, args.batches, args.pp_size, args)
     if args.only != "stock":
         records += run_server("sp", sp, args.batches, args.pp_size, args)
+    commands = ["python benchmark/cpu/sp_loop_overhead.py " + " ".join(sys.argv[1:])]
+    if args.merge and args.out and os.path.isfile(args.out):
+        with open(args.out) as f:
+            old = json.load(f)
+        done = {(r["loop"], r["B"]) for r in records}
+        records = [r for r in old["records"] if (r["loop"], r["B"]) not in done] + records
+        commands = old.get("commands", [old.get("command")]) + commands
     md = table(records)
     print(md)
     result = {
         "script": "benchmark/cpu/sp_loop_overhead.py",
-        "command": "python benchmark/cpu/sp_loop_overhead.py " + " ".join(sys.argv[1:]),
+        "commands": commands,
         "model": f"tiny random Llama ({args.layers} layers, hidden 64, vocab {args.vocab}), dummy "
         f"weights, PP={args.pp_size}, CPU",
         "server_args": {
