@@ -21,12 +21,15 @@ def make_tiny_llama(
     live_tokens: int = 0,
     logit_scale: float = 1.5,
     seed: int = 0,
+    vocab_size: int = 49152,
 ) -> str:
     """Save a random ``LlamaForCausalLM`` with the default model's tokenizer in ``out_dir``.
 
     ``live_tokens > 0`` concentrates the output distribution on that many token ids (the
     other LM-head rows are zero and the live ones scaled), so a sampling test can count
-    next-token frequencies over a handful of outcomes ("a tiny vocabulary").
+    next-token frequencies over a handful of outcomes ("a tiny vocabulary"). A ``vocab_size``
+    below the tokenizer's (49152) makes the embedding and LM head small (benchmarks driven by
+    token ids below it, with dummy weights: the tokenizer still knows every id).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,7 +43,7 @@ def make_tiny_llama(
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        vocab_size=49152,
+        vocab_size=vocab_size,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         bos_token_id=1,

@@ -57,6 +57,12 @@ from spexis_sglang.srt.config import SpexisConfig, get_config
 from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
 from spexis_sglang.srt.input_validation import request_input_error
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
+from spexis_sglang.srt.stats import (
+    SP_PHASES,
+    PhaseTimer,
+    StockPPPhaseTimers,
+    phase_timers_enabled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -149,15 +155,9 @@ class SpexisStats:
     # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
     decode_graph_replays: int = 0
     decode_eager_forwards: int = 0
-    # Busy wall time of this rank's event loop, split by phase (seconds, cumulative): where an
-    # iteration goes when SP falls short of the cost model (issue #6's overhead breakdown).
-    time_busy_s: float = 0.0
-    time_schedule_s: float = 0.0
-    time_launch_s: float = 0.0
-    time_draft_sync_s: float = 0.0
-    time_wait_output_s: float = 0.0
-    time_process_s: float = 0.0
-    time_send_s: float = 0.0
+    # This rank's event loop by phase (seconds, cumulative), wall (time_*_s: where an iteration
+    # goes, waits included) and thread CPU (cpu_*_s: what the loop itself costs); exported flat
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)
 
     @property
     def acceptance_rate(self) -> float:
@@ -174,7 +174,8 @@ class SpexisStats:
         return self.tokens_committed / self.rows if self.rows else 0.0
 
     def as_dict(self) -> Dict[str, float]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}
+        d.update(self.phases.as_dict())
         d["acceptance_rate"] = self.acceptance_rate
         d["effective_batch_ratio"] = self.effective_batch_ratio
         d["avg_rows_per_decode_iteration"] = (
@@ -223,6 +224,8 @@ class SpexisScheduler(Scheduler):
 
     def event_loop_pp(self):
         if not self.sp_enabled:
+            if phase_timers_enabled():
+                self.stock_pp_timers = StockPPPhaseTimers(self)
             return super().event_loop_pp()
         return self.event_loop_sp()
 
@@ -298,16 +301,14 @@ class SpexisScheduler(Scheduler):
     def event_loop_sp(self):
         """Stock ``event_loop_pp`` (same communication choreography), SP batches."""
         self.init_sp_state()
-        clock = time.perf_counter
-        st = self.sp_stats
+        timer = self.sp_stats.phases
         profiler = self._sp_maybe_profiler()
         while True:
             if profiler is not None:
                 profiler.tick()
             server_is_idle = True
             for mb_id in range(self.pp_loop_size):
-                t0 = clock()
-                ds0 = st.time_draft_sync_s
+                timer.start()
                 self.running_batch = self.sp_running_batch
                 next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
                 next_mb_id = (mb_id + 1) % self.pp_loop_size
@@ -331,8 +332,7 @@ class SpexisScheduler(Scheduler):
                     self.send_req_work = self._pp_send_pyobj_to_next_stage(
                         list(recv_reqs or []) + [plan_out], async_send=True
                     )
-                t1 = clock()
-                ds1 = st.time_draft_sync_s
+                timer.mark("schedule")
 
                 if cur_batch:
                     server_is_idle = False
@@ -354,21 +354,21 @@ class SpexisScheduler(Scheduler):
                         self.last_rank_comm_queue,
                     )
                     self.sp_after_launch(cur_batch, result)
-                t3 = clock()
-                ds3 = st.time_draft_sync_s
+                # the proxy receive (later stages wait for the previous stage) + launch
+                timer.mark("launch")
 
                 next_pp_outputs, next_batch_result, d2h_event = (
                     self._pp_commit_send_output_work_and_preprocess_output_tensors(
                         next_first_rank_mb_id, next_mb_id
                     )
                 )
-                t4 = t5 = clock()
+                timer.mark("wait_output")
                 if self.mbs[next_mb_id] is not None:
                     d2h_event.synchronize()
-                    t4 = clock()
+                    timer.mark("wait_output")
                     self.sp_process_result(self.mbs[next_mb_id], next_batch_result, next_pp_outputs)
                     self.last_mbs[next_mb_id] = self.mbs[next_mb_id]
-                    t5 = clock()
+                    timer.mark("process")
 
                 if not self.pp_group.is_last_rank and cur_batch:
                     self.device_module.current_stream().wait_event(self.launch_event)
@@ -383,17 +383,10 @@ class SpexisScheduler(Scheduler):
                 self.sp_release_drained()
                 self.sp_iteration += 1
                 if cur_batch is not None or self.mbs[next_mb_id] is not None:
-                    t6 = clock()
-                    st.time_busy_s += t6 - t0
-                    # (time_draft_sync_s is added by sp_apply_drafts, wherever it runs)
-                    st.time_schedule_s += (t1 - t0) - (ds1 - ds0)
-                    # the proxy receive (later stages wait for the previous stage) + launch
-                    st.time_launch_s += (t3 - t1) - (ds3 - ds1)
-                    st.time_wait_output_s += t4 - t3
-                    st.time_process_s += t5 - t4
-                    st.time_send_s += t6 - t5
+                    timer.mark("send")
+                    timer.commit()
                 else:
-                    st.time_draft_sync_s = ds0  # idle: drafts of finished requests only
+                    timer.discard()  # idle (drafts of finished requests only)
 
             if server_is_idle:
                 self.on_idle()
@@ -688,7 +681,10 @@ class SpexisScheduler(Scheduler):
         """Record the drafts of the decode batches launched so far, oldest first."""
         if not self.sp_pending_drafts:
             return
-        t0 = time.perf_counter()
+        with self.sp_stats.phases.phase("draft_sync"):
+            self._sp_apply_pending_drafts()
+
+    def _sp_apply_pending_drafts(self) -> None:
         pending, self.sp_pending_drafts = self.sp_pending_drafts, []
         for p in pending:
             if p.ids is None:
@@ -707,7 +703,6 @@ class SpexisScheduler(Scheduler):
                 for row, b in zip(p.rows, buckets):
                     if row.req.rid in self.sp:
                         self.sp_length_bucket[row.req.rid] = int(b)
-        self.sp_stats.time_draft_sync_s += time.perf_counter() - t0
 
     def _forced_theta(self, req: Req) -> float:
         """The request's forced acceptance: its ``custom_params`` value, else the server's."""
@@ -926,4 +921,7 @@ class SpexisScheduler(Scheduler):
                 ret.internal_state["spexis"] = self.sp_stats.as_dict()
             except AttributeError:
                 pass
+        elif getattr(self, "stock_pp_timers", None) is not None:
+            # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
+            ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
         return ret

@@ -1,0 +1,240 @@
+"""Per-phase wall and thread-CPU time of a scheduler's event loop.
+
+:class:`PhaseTimer` splits each iteration of a loop into named phases and keeps both the wall
+time (``time.perf_counter``) and this thread's CPU time (``time.thread_time``) of each: wall
+time says where an iteration's latency goes (waits included), CPU time what the scheduler
+itself costs (a blocking receive or an idle wait costs none), which is what has to hide behind
+the accelerator. Two ways to attribute time, usable together:
+
+* ``mark(phase)``: the time since the iteration's start or its previous mark goes to ``phase``
+  (the SP loop: consecutive phases, the loop unchanged but for one call between them);
+* ``with timer.phase(name):``: the time inside goes to ``name`` and is taken out of the
+  enclosing mark's span (a sub-phase such as reading the drafts, or a wrapped method).
+
+An iteration's times reach the totals only when it is committed (``commit``: a busy
+iteration) and are dropped by ``discard`` (an idle one).
+
+:class:`StockPPPhaseTimers` applies the same measurement to stock SGLang's ``event_loop_pp``
+without copying it: it wraps, on the scheduler instance, the methods the loop calls.
+``SPEXIS_PHASE_TIMERS=1`` turns it on (normal servers pay nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, Sequence
+
+logger = logging.getLogger(__name__)
+
+PHASE_TIMERS_ENV = "SPEXIS_PHASE_TIMERS"
+
+# the SP loop's phases, in loop order (sp_scheduler.event_loop_sp)
+SP_PHASES = ("schedule", "draft_sync", "launch", "wait_output", "process", "send")
+
+
+def phase_timers_enabled() -> bool:
+    return os.environ.get(PHASE_TIMERS_ENV, "0") == "1"
+
+
+class _Span:
+    """``with timer.phase(name)``: a reusable context manager (no generator per call)."""
+
+    __slots__ = ("timer", "name")
+
+    def __init__(self, timer: "PhaseTimer", name: str):
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> None:
+        self.timer.begin(self.name)
+
+    def __exit__(self, *exc) -> None:
+        self.timer.end()
+
+
+class PhaseTimer:
+    """Wall and thread-CPU seconds per phase, cumulative over committed iterations."""
+
+    def __init__(self, phases: Sequence[str]):
+        self.phases = tuple(phases)
+        self.wall: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
+        self.cpu: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
+        self.wall_busy = 0.0
+        self.cpu_busy = 0.0
+        self.iterations = 0
+        self.started = False
+        self._spans = {name: _Span(self, name) for name in self.phases}
+        self._pending_wall: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
+        self._pending_cpu: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
+        self._start_wall = self._start_cpu = 0.0
+        self._mark_wall = self._mark_cpu = 0.0
+        # time spent in phase() spans since the last mark (taken out of the next mark)
+        self._nested_wall = self._nested_cpu = 0.0
+        self._depth = 0
+        self._span_name = ""
+        self._span_wall = self._span_cpu = 0.0
+
+    # -- an iteration ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin an iteration (anything pending from an uncommitted one is dropped)."""
+        self._clear_pending()
+        self._start_wall = self._mark_wall = time.perf_counter()
+        self._start_cpu = self._mark_cpu = time.thread_time()
+        self.started = True
+
+    def mark(self, phase: str) -> None:
+        """The time since the start or the previous mark, less phase() spans, is ``phase``'s."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self._pending_wall[phase] += wall - self._mark_wall - self._nested_wall
+        self._pending_cpu[phase] += cpu - self._mark_cpu - self._nested_cpu
+        self._mark_wall, self._mark_cpu = wall, cpu
+        self._nested_wall = self._nested_cpu = 0.0
+
+    def phase(self, name: str) -> _Span:
+        """``with timer.phase(name):`` the time inside is ``name``'s (nested spans: the outer's)."""
+        return self._spans[name]
+
+    def begin(self, name: str) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._span_name = name
+            self._span_wall, self._span_cpu = time.perf_counter(), time.thread_time()
+
+    def end(self) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        wall = time.perf_counter() - self._span_wall
+        cpu = time.thread_time() - self._span_cpu
+        self._pending_wall[self._span_name] += wall
+        self._pending_cpu[self._span_name] += cpu
+        self._nested_wall += wall
+        self._nested_cpu += cpu
+
+    def commit(self) -> None:
+        """A busy iteration: its phases and its whole time since ``start`` join the totals."""
+        if not self.started:
+            return
+        self.wall_busy += time.perf_counter() - self._start_wall
+        self.cpu_busy += time.thread_time() - self._start_cpu
+        for name in self.phases:
+            self.wall[name] += self._pending_wall[name]
+            self.cpu[name] += self._pending_cpu[name]
+        self.iterations += 1
+        self._clear_pending()
+        self.started = False
+
+    def discard(self) -> None:
+        """An idle iteration: nothing of it is counted."""
+        self._clear_pending()
+        self.started = False
+
+    def _clear_pending(self) -> None:
+        for name in self.phases:
+            self._pending_wall[name] = 0.0
+            self._pending_cpu[name] = 0.0
+        self._nested_wall = self._nested_cpu = 0.0
+
+    # -- export ---------------------------------------------------------------------------
+    def as_dict(self) -> Dict[str, float]:
+        """``time_busy_s``, ``time_<phase>_s`` (wall), ``cpu_busy_s``, ``cpu_<phase>_s``."""
+        d: Dict[str, float] = {"time_busy_s": self.wall_busy}
+        d.update({f"time_{name}_s": self.wall[name] for name in self.phases})
+        d["cpu_busy_s"] = self.cpu_busy
+        d.update({f"cpu_{name}_s": self.cpu[name] for name in self.phases})
+        return d
+
+
+class _TimedReceiver:
+    """A request receiver whose ``recv_requests`` is timed; everything else is the original's."""
+
+    def __init__(self, receiver: Any, recv_requests: Callable):
+        self._receiver = receiver
+        self.recv_requests = recv_requests
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._receiver, name)
+
+
+# stock event_loop_pp's calls (sglang/srt/managers/scheduler_pp_mixin.py), by phase; the
+# loop's own code between them and _pp_commit_comm_work's waits count in busy time only
+STOCK_PP_PHASE_METHODS: Dict[str, Sequence[str]] = {
+    "schedule": ("process_input_requests", "_pp_send_pyobj_to_next_stage", "get_next_batch_to_run"),
+    "launch": ("_pp_recv_proxy_tensors", "_pp_launch_batch"),
+    "wait_output": ("_pp_commit_send_output_work_and_preprocess_output_tensors",),
+    "process": ("_pp_process_batch_result",),
+    "send": ("_pp_send_dict_to_next_stage",),
+}
+STOCK_PP_PHASES = tuple(STOCK_PP_PHASE_METHODS)
+
+
+class StockPPPhaseTimers:
+    """Stock ``event_loop_pp``'s CPU and wall time by phase, per micro-batch step.
+
+    An iteration of the loop's inner ``for`` (one micro-batch step) begins when it polls for
+    requests (``request_receiver.recv_requests``, timed as "schedule"); it counts when it
+    launched a batch or processed one's result. Also counted: decode batches launched and their
+    rows (stage 0 of PP=N runs B/N rows per step when B requests decode).
+    """
+
+    def __init__(self, scheduler: Any):
+        self.timer = PhaseTimer(STOCK_PP_PHASES)
+        self.decode_iterations = 0
+        self.decode_rows = 0
+        self._busy = False
+        for phase, names in STOCK_PP_PHASE_METHODS.items():
+            for name in names:
+                setattr(scheduler, name, self._wrap(getattr(scheduler, name), phase))
+        # (SGLang's receiver is a frozen, slotted dataclass: it is wrapped, not patched)
+        receiver = scheduler.request_receiver
+        scheduler.request_receiver = _TimedReceiver(
+            receiver, self._wrap_iteration_start(receiver.recv_requests)
+        )
+        logger.info("%s=1: timing stock event_loop_pp by phase", PHASE_TIMERS_ENV)
+
+    def _wrap(self, fn: Callable, phase: str) -> Callable:
+        span = self.timer.phase(phase)
+        launch = fn.__name__ == "_pp_launch_batch"
+        process = fn.__name__ == "_pp_process_batch_result"
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if launch:
+                batch = args[1] if len(args) > 1 else kwargs["cur_batch"]
+                self._busy = True
+                if batch.forward_mode.is_decode():
+                    self.decode_iterations += 1
+                    self.decode_rows += batch.batch_size()
+            elif process:
+                self._busy = True
+            with span:
+                return fn(*args, **kwargs)
+
+        return timed
+
+    def _wrap_iteration_start(self, fn: Callable) -> Callable:
+        span = self.timer.phase("schedule")
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self._busy:
+                self.timer.commit()
+            else:
+                self.timer.discard()
+            self._busy = False
+            self.timer.start()
+            with span:
+                return fn(*args, **kwargs)
+
+        return timed
+
+    def as_dict(self) -> Dict[str, float]:
+        d: Dict[str, float] = {
+            "iterations": self.timer.iterations,
+            "decode_iterations": self.decode_iterations,
+            "decode_rows": self.decode_rows,
+        }
+        d.update(self.timer.as_dict())
+        return d

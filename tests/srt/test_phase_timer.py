@@ -1,0 +1,188 @@
+"""Per-phase wall and thread-CPU timers of the event loops (srt/stats.py)."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+from spexis_sglang.srt.stats import (
+    SP_PHASES,
+    STOCK_PP_PHASE_METHODS,
+    PhaseTimer,
+    StockPPPhaseTimers,
+)
+
+MS = 1e-3
+# thread_time's reading of a sleep: nothing, give or take the interpreter's own work
+IDLE_CPU = 5 * MS
+
+
+def burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time (however contended the machine is)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_marks_split_an_iteration_and_cpu_time_leaves_out_waits():
+    timer = PhaseTimer(SP_PHASES)
+    timer.start()
+    burn(20 * MS)
+    timer.mark("schedule")
+    time.sleep(0.05)
+    timer.mark("wait_output")
+    burn(10 * MS)
+    timer.mark("process")
+    timer.mark("process")  # marks accumulate; an empty span adds ~0
+    timer.commit()
+    d = timer.as_dict()
+    assert d["cpu_schedule_s"] == pytest.approx(20 * MS, abs=IDLE_CPU)
+    assert d["cpu_process_s"] == pytest.approx(10 * MS, abs=IDLE_CPU)
+    assert d["cpu_wait_output_s"] < IDLE_CPU
+    assert d["time_wait_output_s"] >= 0.05
+    assert d["time_schedule_s"] >= d["cpu_schedule_s"] * 0.99
+    phases = [f"cpu_{p}_s" for p in SP_PHASES]
+    assert sum(d[k] for k in phases) <= d["cpu_busy_s"] + 1e-6
+    assert sum(d[f"time_{p}_s"] for p in SP_PHASES) <= d["time_busy_s"] + 1e-6
+    assert timer.iterations == 1
+    assert set(d) == {"time_busy_s", "cpu_busy_s"} | {
+        f"{kind}_{p}_s" for kind in ("time", "cpu") for p in SP_PHASES
+    }
+
+
+def test_a_phase_span_is_taken_out_of_the_enclosing_mark_and_nested_spans_stay_outer():
+    timer = PhaseTimer(SP_PHASES)
+    timer.start()
+    burn(10 * MS)
+    with timer.phase("draft_sync"):
+        burn(15 * MS)
+        with timer.phase("process"):  # nested: stays draft_sync's
+            burn(5 * MS)
+    burn(10 * MS)
+    timer.mark("schedule")
+    timer.commit()
+    d = timer.as_dict()
+    assert d["cpu_draft_sync_s"] == pytest.approx(20 * MS, abs=IDLE_CPU)
+    assert d["cpu_schedule_s"] == pytest.approx(20 * MS, abs=IDLE_CPU)
+    assert d["cpu_process_s"] == 0.0
+    assert d["cpu_busy_s"] == pytest.approx(40 * MS, abs=IDLE_CPU)
+
+
+def test_discarded_and_restarted_iterations_count_nothing():
+    timer = PhaseTimer(SP_PHASES)
+    timer.start()
+    burn(5 * MS)
+    with timer.phase("draft_sync"):
+        burn(5 * MS)
+    timer.mark("schedule")
+    timer.discard()
+    timer.start()
+    burn(5 * MS)
+    timer.mark("launch")
+    timer.start()  # the previous iteration was never committed: dropped
+    timer.mark("process")
+    timer.commit()
+    timer.commit()  # not started: a no-op
+    d = timer.as_dict()
+    assert timer.iterations == 1
+    assert d["cpu_schedule_s"] == d["cpu_launch_s"] == d["cpu_draft_sync_s"] == 0.0
+    assert d["cpu_busy_s"] < IDLE_CPU
+
+
+@dataclass(frozen=True, slots=True)
+class FakeReceiver:
+    """Frozen and slotted, like SGLang's SchedulerRequestReceiver (it cannot be patched)."""
+
+    max_recv_per_poll: int = -1
+
+    def recv_requests(self):
+        burn(1 * MS)
+        return []
+
+
+class FakeStockScheduler:
+    """The methods stock event_loop_pp calls, each burning a known CPU time."""
+
+    def __init__(self):
+        self.request_receiver = FakeReceiver()
+
+    def process_input_requests(self, reqs):
+        burn(1 * MS)
+
+    def _pp_send_pyobj_to_next_stage(self, data, async_send=False):
+        return []
+
+    def get_next_batch_to_run(self, running_batch=None, last_batch=None):
+        burn(2 * MS)
+        return "plan"
+
+    def _pp_recv_proxy_tensors(self):
+        return None
+
+    def _pp_launch_batch(self, mb_id, batch, proxy, metadata, queue):
+        burn(4 * MS)
+        return "result", "event"
+
+    def _pp_commit_send_output_work_and_preprocess_output_tensors(self, a, b):
+        time.sleep(0.01)
+        return None, None, None
+
+    def _pp_process_batch_result(self, batch, result):
+        burn(3 * MS)
+
+    def _pp_send_dict_to_next_stage(self, tensors, async_send=False, msg_type=""):
+        return []
+
+
+def _batch(rows: int, decode: bool = True):
+    mode = SimpleNamespace(is_decode=lambda: decode)
+    return SimpleNamespace(forward_mode=mode, batch_size=lambda: rows)
+
+
+def _step(s: FakeStockScheduler, batch) -> None:
+    """One micro-batch step in stock event_loop_pp's order (no batch: an idle step)."""
+    reqs = s.request_receiver.recv_requests()
+    s.process_input_requests(reqs)
+    s._pp_send_pyobj_to_next_stage(reqs, async_send=True)
+    assert s.get_next_batch_to_run(running_batch=None, last_batch=None) == "plan"
+    if batch is not None:
+        s._pp_recv_proxy_tensors()
+        assert s._pp_launch_batch(0, batch, None, None, None) == ("result", "event")
+    s._pp_commit_send_output_work_and_preprocess_output_tensors(0, 1)
+    if batch is not None:
+        s._pp_process_batch_result(batch, "result")
+        s._pp_send_dict_to_next_stage({}, async_send=True, msg_type="proxy")
+
+
+def test_stock_pp_timers_wrap_the_loops_calls_and_count_busy_steps_and_decode_rows():
+    s = FakeStockScheduler()
+    timers = StockPPPhaseTimers(s)
+    for batch in (_batch(5, decode=False), _batch(4), _batch(4), None, _batch(4)):
+        _step(s, batch)
+    _step(s, None)  # a step is counted when the next one begins
+    assert s.request_receiver.max_recv_per_poll == -1  # the rest is the receiver's own
+    d = timers.as_dict()
+    assert d["iterations"] == 4  # the idle step is not counted
+    assert d["decode_iterations"] == 3 and d["decode_rows"] == 12
+    assert d["cpu_schedule_s"] == pytest.approx(4 * 4 * MS, abs=4 * IDLE_CPU)
+    assert d["cpu_launch_s"] == pytest.approx(4 * 4 * MS, abs=4 * IDLE_CPU)
+    assert d["cpu_process_s"] == pytest.approx(4 * 3 * MS, abs=4 * IDLE_CPU)
+    assert d["cpu_wait_output_s"] < 4 * IDLE_CPU
+    assert d["time_wait_output_s"] >= 4 * 0.01
+    assert d["cpu_busy_s"] >= d["cpu_schedule_s"] + d["cpu_launch_s"] + d["cpu_process_s"]
+
+
+def test_the_wrapped_methods_are_the_ones_sglangs_event_loop_pp_calls():
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_pp_mixin import SchedulerPPMixin
+
+    loop = inspect.getsource(SchedulerPPMixin.event_loop_pp)
+    assert "self.request_receiver.recv_requests()" in loop
+    for names in STOCK_PP_PHASE_METHODS.values():
+        for name in names:
+            assert f"self.{name}(" in loop, name
+            assert callable(getattr(Scheduler, name)), name
