@@ -32,17 +32,29 @@ def test_plain_sampling_is_accepted():
 
 
 @pytest.mark.parametrize(
+    "params",
+    [
+        dict(frequency_penalty=0.1),
+        dict(presence_penalty=-0.5),
+        dict(repetition_penalty=1.1),
+        dict(min_new_tokens=3),
+        dict(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.3, min_new_tokens=8),
+    ],
+)
+def test_penalties_and_min_new_tokens_are_served(params):
+    """SP sets the penalizers from each row's verified output + drafts (sp_penalties)."""
+    assert _error(**params) is None
+
+
+@pytest.mark.parametrize(
     "params, named",
     [
-        (dict(frequency_penalty=0.1), "frequency_penalty"),
-        (dict(presence_penalty=-0.5), "presence_penalty"),
-        (dict(repetition_penalty=1.1), "repetition_penalty"),
-        (dict(min_new_tokens=3), "min_new_tokens"),
         (dict(regex="[ab]+"), "regex"),
         (dict(json_schema="{}"), "json_schema"),
         (dict(ebnf="root ::= 'a'"), "ebnf"),
         (dict(structural_tag="{}"), "structural_tag"),
-        (dict(regex="a", presence_penalty=1.0), "presence_penalty, regex"),
+        (dict(regex="a", presence_penalty=1.0), "regex"),
+        (dict(regex="a", ebnf="root ::= 'a'"), "regex, ebnf"),
     ],
 )
 def test_each_unsupported_feature_is_named(params, named):

@@ -229,6 +229,14 @@ class SPState:
         """Launched speculative rows of the current epoch whose input is not yet verified."""
         return len(self._get(rid).drafts)
 
+    def draft_tokens(self, rid: Hashable) -> list[int]:
+        """Tokens of the launched, unverified drafts, oldest first (positions ``V ..``).
+
+        With the committed tokens they form the input a request's newest row was built on:
+        what the row's sampling must be conditioned on (penalties, ``min_new_tokens``).
+        """
+        return [tok for _, tok, _ in self._get(rid).drafts]
+
     def num_inflight_rows(self, rid: Hashable) -> int:
         """Rows launched and not yet returned (valid and stale)."""
         if rid in self._reqs:

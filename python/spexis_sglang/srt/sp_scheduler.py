@@ -57,6 +57,7 @@ from spexis_sglang.srt.config import SpexisConfig, get_config
 from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
 from spexis_sglang.srt.input_validation import request_input_error
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
+from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
 from spexis_sglang.srt.stats import (
     SP_PHASES,
     PhaseTimer,
@@ -552,7 +553,38 @@ class SpexisScheduler(Scheduler):
         )
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
+        self.sp_set_penalties(batch)
         return batch
+
+    def sp_set_penalties(self, batch: ScheduleBatch) -> None:
+        """The sampling rank's penalizers see each row's output prefix (``sp_penalties``).
+
+        The batch's penalizers are freshly prepared; on the last stage they are set from the
+        committed output plus the drafts each row was built on. Such a batch also marks that
+        the last stage needs the real values of the drafts its rows make
+        (``sp_after_launch``): the other ranks record placeholders.
+        """
+        orchestrator = batch.sampling_info.penalizer_orchestrator
+        if not (self.pp_group.is_last_rank and orchestrator is not None):
+            return
+        if not orchestrator.is_required:
+            return
+        batch.spexis_needs_drafts = True
+        sp = self.sp
+        prefixes = [
+            (
+                row_output_prefix(
+                    row.req.output_ids,
+                    sp.draft_tokens(row.req.rid),
+                    len(row.req.origin_input_ids),
+                    row.position,
+                )
+                if needs_penalizer(row.req.sampling_params)
+                else None
+            )
+            for row in batch.spexis_rows
+        ]
+        set_penalizer_state(orchestrator, prefixes)
 
     def sp_apply_selection(
         self,
@@ -655,12 +687,17 @@ class SpexisScheduler(Scheduler):
         else:
             self.sp_stats.decode_eager_forwards += 1
         rows: List[SpexisRow] = batch.spexis_rows
-        if not self.sp_rank0:
+        if self.sp_rank0:
+            tensors = result.pp_hidden_states_proxy_tensors.tensors
+        elif getattr(batch, "spexis_needs_drafts", False):
+            # The last stage penalises rows by the drafts they are built on (sp_penalties):
+            # it takes the drafts' values from the proxy they came down the pipe with.
+            tensors = batch.spexis_extras
+        else:
             self.sp_pending_drafts.append(_PendingDrafts(rows, None, None))
             if self.sp_sync_draft_read:
                 self.sp_apply_drafts()
             return
-        tensors = result.pp_hidden_states_proxy_tensors.tensors
         ids, conf = tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
         sources = (ids, conf, buckets)
@@ -730,24 +767,13 @@ class SpexisScheduler(Scheduler):
     def _sp_unsupported_error(self, req: Req) -> Optional[str]:
         """Sampling features SP would get wrong, refused instead of silently changed.
 
-        SP builds each iteration's sampling state afresh from its rows, so the penalizers'
-        running state (stock SGLang cumulates it every decode step) would always be empty,
-        and its rows do not advance or check a grammar's state.
+        SP rows do not advance or check a grammar's state. (Penalties and
+        ``min_new_tokens`` are served: see ``sp_penalties``.)
         """
         if not self.sp_enabled:
             return None
         sp = req.sampling_params
-        used = [
-            name
-            for name, active in (
-                ("frequency_penalty", bool(sp.frequency_penalty)),
-                ("presence_penalty", bool(sp.presence_penalty)),
-                ("repetition_penalty", sp.repetition_penalty != 1.0),
-                ("min_new_tokens", bool(sp.min_new_tokens)),
-                *((k, getattr(sp, k, None) is not None) for k in SP_UNSUPPORTED_GRAMMARS),
-            )
-            if active
-        ]
+        used = [k for k in SP_UNSUPPORTED_GRAMMARS if getattr(sp, k, None) is not None]
         if not used:
             return None
         return (

@@ -1,0 +1,125 @@
+"""Penalties and min_new_tokens under SP: greedy outputs equal plain SGLang's with them on.
+
+The penalizers must advance on verified tokens only (a speculative row is penalised by the
+committed output plus the drafts it was built on): a penalizer that missed a token, counted
+a rejected draft, or lagged a step would change the greedy continuation within 48 tokens.
+
+The baseline is plain SGLang PP=1 with ``--disable-overlap-schedule``. With its default
+overlap scheduler, SGLang 0.5.17's penalizers lag one token: ``prepare_for_decode`` cumulates
+``req.output_ids[-1]`` before the previous step's result is processed, so the token sampled
+at step k is penalised by the prompt's last token and the output up to k - 2 instead of the
+output up to k - 1 (``min_new_tokens`` only counts, so it is unaffected). SP penalises by the
+exact prefix, as SGLang does without overlap. On these prompts the overlap baseline differed
+from SP at 1/8 (frequency, presence) and 4/8 (repetition) prompts, each time where counting
+the prompt's last token ("\n") or missing the newest output token decides the argmax.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from .compare import compare_outputs
+from .prompts import lossless_prompts, templated
+from .test_sp_lossless import sp_args, spexis_stats, trained_head  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+NEW_TOKENS = 48
+PENALTIES = [
+    {"frequency_penalty": 0.5},
+    {"presence_penalty": 0.5},
+    {"repetition_penalty": 1.3},
+]
+# answered in a few tokens when nothing forbids the end of sequence
+SHORT_ANSWERS = [
+    "Answer with one word: what colour is grass?",
+    "Say hello.",
+    "Reply with just the number: what is 2 + 2?",
+    "Is water wet? Answer yes or no.",
+]
+MIN_NEW_TOKENS = 20
+# The converted SmolLM2 stops on <|im_end|> (2, the generation config's EOS), but its tokenizer's
+# eos_token is <|im_start|> (1), and SGLang's min_new_tokens penalizer bans only the tokenizer's
+# EOS and the request's stop_token_ids: without this, min_new_tokens does nothing on this model
+# (in plain SGLang as well).
+IM_END = 2
+# plain SGLang whose penalizers see exactly the output so far (see the module docstring)
+BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
+
+
+@pytest.fixture(scope="module")
+def servers(server_factory, trained_head):  # noqa: F811
+    return server_factory(BASELINE), server_factory(sp_args(2, trained_head))
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
+def test_greedy_with_penalty_equals_plain_sglang(servers, model_dir, params):
+    baseline_server, sp_server = servers
+    prompts = lossless_prompts(model_dir, 8)
+    expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    unpenalized = baseline_server.greedy_ids(prompts, NEW_TOKENS)
+    before = spexis_stats(sp_server)
+    got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    after = spexis_stats(sp_server)
+    cmp = compare_outputs(
+        model_dir, prompts, expected, got, baseline=baseline_server, sampling_params=params
+    )
+    print(f"{params}: SP PP=2 vs plain PP=1:", cmp.summary())
+    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
+    # the penalty changes the output (so SP applied it), and SP speculated meanwhile
+    assert sum(a != b for a, b in zip(expected, unpenalized)) >= 2
+    assert after["rows_spec"] > before["rows_spec"] and after["rejected"] > before["rejected"]
+
+
+def test_min_new_tokens_equals_plain_sglang(servers, model_dir):
+    baseline_server, sp_server = servers
+    prompts: List[List[int]] = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
+    stop = {"ignore_eos": False, "stop_token_ids": [IM_END]}
+    params = {"min_new_tokens": MIN_NEW_TOKENS, **stop}
+    free = baseline_server.greedy_ids(prompts, NEW_TOKENS, **stop)
+    expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    cmp = compare_outputs(
+        model_dir, prompts, expected, got, baseline=baseline_server, sampling_params=params
+    )
+    print("min_new_tokens: SP PP=2 vs plain PP=1:", cmp.summary())
+    print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in got])
+    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
+    # the prompts really stop early without it, and not before MIN_NEW_TOKENS with it
+    assert sum(len(x) < MIN_NEW_TOKENS for x in free) >= 2
+    assert all(len(x) >= MIN_NEW_TOKENS for x in got)
+    assert any(len(x) < NEW_TOKENS for x in got)  # EOS is allowed again afterwards
+
+
+def test_mixed_batch_equals_plain_sglang(servers, model_dir):
+    """Penalised and plain requests share SP's batches; each gets its own parameters."""
+    baseline_server, sp_server = servers
+    prompts = lossless_prompts(model_dir, 8)
+    per_prompt = [
+        {},
+        PENALTIES[0],
+        PENALTIES[1],
+        PENALTIES[2],
+        {"min_new_tokens": MIN_NEW_TOKENS, "stop_token_ids": [IM_END]},
+        {"frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1},
+        {},
+        {"frequency_penalty": -0.4},
+    ]
+    sampling = [
+        {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True, **p}
+        for p in per_prompt
+    ]
+
+    def run(server):
+        out = server.generate({"input_ids": prompts, "sampling_params": sampling})
+        return [o["output_ids"] for o in out]
+
+    expected, got = run(baseline_server), run(sp_server)
+    cmp = compare_outputs(model_dir, prompts, expected, got)
+    print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
+    assert not cmp.real_mismatches, cmp.summary()
+    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
