@@ -63,12 +63,9 @@ def test_greedy_with_penalty_equals_plain_sglang(servers, model_dir, params):
     before = spexis_stats(sp_server)
     got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
     after = spexis_stats(sp_server)
-    cmp = compare_outputs(
-        model_dir, prompts, expected, got, baseline=baseline_server, sampling_params=params
-    )
+    cmp = compare_outputs(model_dir, prompts, expected, got)
     print(f"{params}: SP PP=2 vs plain PP=1:", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
+    assert cmp.all_identical, cmp.summary()
     # the penalty changes the output (so SP applied it), and SP speculated meanwhile
     assert sum(a != b for a, b in zip(expected, unpenalized)) >= 2
     assert after["rows_spec"] > before["rows_spec"] and after["rejected"] > before["rejected"]
@@ -82,13 +79,10 @@ def test_min_new_tokens_equals_plain_sglang(servers, model_dir):
     free = baseline_server.greedy_ids(prompts, NEW_TOKENS, **stop)
     expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
     got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
-    cmp = compare_outputs(
-        model_dir, prompts, expected, got, baseline=baseline_server, sampling_params=params
-    )
+    cmp = compare_outputs(model_dir, prompts, expected, got)
     print("min_new_tokens: SP PP=2 vs plain PP=1:", cmp.summary())
     print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in got])
-    assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
+    assert cmp.all_identical, cmp.summary()
     # the prompts really stop early without it, and not before MIN_NEW_TOKENS with it
     assert sum(len(x) < MIN_NEW_TOKENS for x in free) >= 2
     assert all(len(x) >= MIN_NEW_TOKENS for x in got)
@@ -121,5 +115,4 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
     expected, got = run(baseline_server), run(sp_server)
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
-    assert not cmp.real_mismatches, cmp.summary()
-    assert cmp.identical >= len(prompts) - 1, cmp.summary()  # fp32 noise, see design.md §5
+    assert cmp.all_identical, cmp.summary()
