@@ -1,10 +1,17 @@
-"""Session-wide real servers for the end-to-end tests (each started once, on first use)."""
+"""Session-wide real servers for the end-to-end tests (each started once, on first use).
+
+Servers stay up for the session while memory allows: in the exact mode (float64) the suite's
+dozen servers do not fit in the machine's 24 GiB at once, so before a server starts, the least
+recently used ones are stopped until ``MIN_AVAILABLE_BYTES`` are free (a stopped server starts
+again if a later test asks for it).
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Callable, Dict, List, Tuple
 
+import psutil
 import pytest
 
 from spexis_sglang.default_model import ensure_default_model
@@ -12,7 +19,11 @@ from spexis_sglang.testing import ServerProcess, exact_test_args
 
 from .tiny_model import make_tiny_llama
 
+# least recently used first (a used server moves to the end)
 _servers: Dict[Tuple[str, ...], ServerProcess] = {}
+# what a starting float64 server needs with room to spare (the default model's PP=2 server
+# peaks near 4 GiB across its processes)
+MIN_AVAILABLE_BYTES = 7 * 2**30
 
 
 def exact(args: List[str]) -> List[str]:
@@ -20,13 +31,23 @@ def exact(args: List[str]) -> List[str]:
     return [*args, *exact_test_args()]
 
 
+def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
+    """Stop the least recently used session servers while less than ``min_available`` is free."""
+    for key in list(_servers):
+        if psutil.virtual_memory().available >= min_available:
+            return
+        _servers.pop(key).stop()
+
+
 def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProcess:
     key = tuple(args) + tuple(sorted((env or {}).items()))
-    server = _servers.get(key)
+    server = _servers.pop(key, None)
     if server is None or not server.alive():
+        make_room()
         server = ServerProcess(exact(args), env=env)
         _servers[key] = server
         server.wait_ready()
+    _servers[key] = server  # most recently used
     return server
 
 

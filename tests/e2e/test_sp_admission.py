@@ -10,7 +10,7 @@ import pytest
 from spexis_sglang.testing import ServerProcess
 
 from .compare import compare_outputs
-from .conftest import exact
+from .conftest import exact, make_room
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -30,6 +30,7 @@ def test_lookahead_admission_delays_under_memory_pressure_and_is_lossless(
     args = ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
     args += ["--max-total-tokens", str(KV_TOKENS)]
     # not a session server: one more PP=2 server for the rest of the suite costs memory
+    make_room()
     sp_server = ServerProcess(exact(sp_args(2, trained_head, *args))).wait_ready()
     try:
         got = sp_server.greedy_ids(prompts, NEW_TOKENS, **PARAMS)

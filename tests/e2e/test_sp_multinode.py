@@ -12,7 +12,7 @@ import pytest
 
 from spexis_sglang.testing import ServerProcess, free_port
 
-from .conftest import exact
+from .conftest import exact, make_room
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -24,6 +24,7 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     expected = server_factory(BASELINE).greedy_ids(prompts, 32)
     dist = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
     args = exact(sp_args(2, trained_head, *dist))
+    make_room()
     node1 = ServerProcess(args + ["--node-rank", "1"])  # no HTTP API: stage 1 only
     node0 = None
     try:
