@@ -460,11 +460,9 @@ def run_config(
         str(max(a.batches)),
         *cfg["args"],
     ]
-    if a.cuda_graphs and not a.local_cpu:
+    if not a.local_cpu:
         # every configuration's decode graphs cover its largest batch (SP runs all B rows)
         args += ["--cuda-graph-max-bs", str(max(a.batches))]
-    elif not a.local_cpu:
-        args += ["--disable-cuda-graph"]
     if not a.custom_all_reduce and not a.local_cpu:
         args += ["--disable-custom-all-reduce"]
     if a.max_total_tokens:
@@ -746,12 +744,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action="append",
         default=[],
         help="extra launch_server argument (repeat; e.g. --server-arg=--chunked-prefill-size=8192)",
-    )
-    p.add_argument(
-        "--no-cuda-graphs",
-        dest="cuda_graphs",
-        action="store_false",
-        help="HISTORY ONLY: run every configuration eagerly (launch-bound; no user runs so)",
     )
     p.add_argument(
         "--no-custom-all-reduce",
