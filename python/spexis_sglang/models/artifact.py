@@ -240,17 +240,22 @@ def check_weights_file(
         raise ArtifactMismatchError(
             f"{where}: {WEIGHTS_FILE} is corrupt or truncated ({e})"
         ) from None
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
+    _check_shapes(shapes, expected, where)
+
+
+def _check_shapes(artifact: Mapping[str, Any], module: Mapping[str, Any], where: str) -> None:
+    """The artifact's tensor names and shapes are exactly the module's (ArtifactMismatchError)."""
+    missing = sorted(set(module) - set(artifact))
+    unexpected = sorted(set(artifact) - set(module))
     if missing or unexpected:
         raise ArtifactMismatchError(
             f"{where}: weights do not fit the module (missing {missing}, unexpected {unexpected})"
         )
-    for name, shape in shapes.items():
-        if shape != tuple(expected[name]):
+    for name, shape in artifact.items():
+        if tuple(shape) != tuple(module[name]):
             raise ArtifactMismatchError(
-                f"{where}: tensor {name!r} has shape {shape} in the artifact but "
-                f"{tuple(expected[name])} in the module"
+                f"{where}: tensor {name!r} has shape {tuple(shape)} in the artifact but "
+                f"{tuple(module[name])} in the module"
             )
 
 
@@ -259,16 +264,7 @@ def load_state_strict(
 ) -> None:
     """Like ``load_state_dict(strict=True)`` but with shape errors that say which artifact."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ArtifactMismatchError(
-            f"{where}: weights do not fit the module (missing {missing}, unexpected {unexpected})"
-        )
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ArtifactMismatchError(
-                f"{where}: tensor {name!r} has shape {tuple(tensor.shape)} in the artifact but "
-                f"{tuple(own[name].shape)} in the module"
-            )
+    _check_shapes(
+        {k: v.shape for k, v in state.items()}, {k: v.shape for k, v in own.items()}, where
+    )
     module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
