@@ -122,6 +122,7 @@ class Lockstep:
                 y.append(rng.randrange(VOCAB))
         ld = np.array(real) if self.placeholder else None
         check = rows.slot if rng.random() < 0.5 else None
+        verifies = self.ss.verifies_draft(rows)
         res = self.ss.on_result(np.array(y), launched_drafts=ld, slots=check)
         assert res.rows is rows
         finish = []
@@ -133,6 +134,7 @@ class Lockstep:
             assert Verdict(int(res.verdict[i])).outcome is out, (i, rid, p, e)
             committed = out.name != "STALE"
             assert bool(res.committed[i]) == committed
+            assert bool(verifies[i]) == (out.name in ("ACCEPTED", "REJECTED"))
             if not committed:
                 assert not res.at_limit[i]
                 continue
@@ -281,6 +283,10 @@ class Lockstep:
             assert self.ss.has_pending_draft(s).tolist() == [
                 self.sp.has_pending_draft(r) for r in live
             ]
+            assert [self.ss.draft_tokens(int(x)) for x in s] == [
+                self.sp.draft_tokens(r) for r in live
+            ]
+            assert self.ss.allocated_len(s).tolist() == [self._high_water(r) for r in live]
             assert (self.ss.status(s) == SlotStatus.ACTIVE).all()
         assert sorted(self.ss.active_slots().tolist()) == sorted(self.slot_of[r] for r in live)
         for slot, rid in self.rid_of.items():

@@ -330,6 +330,20 @@ class SlotState:
         s = self._active(slots)
         return np.maximum(self._frontier[s] - self._verified[s], 0)
 
+    def draft_tokens(self, slot: int) -> list[int]:
+        """Tokens of the request's launched, unverified drafts, oldest first (positions
+        ``V ..``): with the committed tokens, the input its newest row was built on
+        (``SPState.draft_tokens``)."""
+        s = int(self._active(slot)[0])
+        v = int(self._verified[s])
+        count = max(int(self._frontier[s]) - v, 0)
+        return [int(self._ring_tok[s, (v + k) % self.depth]) for k in range(count)]
+
+    def allocated_len(self, slots: np.ndarray | int) -> np.ndarray:
+        """Positions below which the request's KV slots exist (its high-water mark), draining
+        slots included: what to free when it goes."""
+        return self._high[self._check_slots(_i64(slots))]
+
     def num_inflight_rows(self, slots: np.ndarray | int) -> np.ndarray:
         """Rows launched and not yet returned (valid and stale; draining slots too)."""
         return self._inflight[self._check_slots(_i64(slots))]
@@ -372,6 +386,14 @@ class SlotState:
         prefill): the KV then covers exactly the positions below ``high_water``.
         """
         return rows.position >= self._high[rows.slot]
+
+    def verifies_draft(self, rows: Rows) -> np.ndarray:
+        """Per row of a batch in flight: it is valid and a launched speculative row sits at
+        its next position, i.e. its true token will accept or reject a draft (``on_result``
+        would say ACCEPTED or REJECTED, not APPENDED or STALE)."""
+        s = rows.slot
+        valid = (self._status[s] == _ACTIVE) & (rows.epoch == self._epoch[s])
+        return valid & (self._frontier[s] > rows.position + 1)
 
     # ------------------------------------------------------------------ building a batch
     def next_rows(self, slots: np.ndarray | None = None) -> Rows:
