@@ -2,7 +2,7 @@
 
 Unit tests: resolving ``SPEXIS_DRAFT_HEAD`` (random heads, artifacts, every bad input with a
 clear message). End to end: one real PP=2 server of a tiny random Llama with ``random:0`` head,
-served by stock SGLang scheduling (``python -m spexis_sglang.srt.draft_runner``); its greedy
+served by stock SGLang scheduling (``python -m spexis_sglang.draft_head_server``); its greedy
 tokens must equal HF transformers' (the head does not perturb the base model) and every draft it
 traced must equal the pure-torch ``spexis_sglang.models.DraftHead`` on HF's exit-layer hidden
 states (prefill, decode and a radix-cache prefix hit, so the head's KV is read back from the
@@ -232,7 +232,7 @@ def head_server(tiny_model_dir, tmp_path_factory):
     server = ServerProcess(
         ["--model-path", tiny_model_dir, "--pp-size", "2", "--dtype", "float32"],
         env={dm.ENV_DRAFT_HEAD: "random:0", dm.ENV_DRAFT_TRACE: trace},
-        module="spexis_sglang.srt.draft_runner",
+        module="spexis_sglang.draft_head_server",
     )
     try:
         server.wait_ready()

@@ -17,6 +17,26 @@ ENV_CONFIG = "SPEXIS_CONFIG"
 # Read by the stage-0 model (draft head location), see srt/draft_model.py.
 ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
 
+# Developer aids, read in the scheduler processes (all off by default):
+#: a file to which stage 0 (TP rank 0) appends one JSON line per eager forward (draft_model)
+ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
+#: "1": time stock SGLang's event_loop_pp by phase too (stats.StockPPPhaseTimers)
+ENV_PHASE_TIMERS = "SPEXIS_PHASE_TIMERS"
+#: "1": read stage 0's drafts right after the launch, not when the next batch is built
+ENV_SYNC_DRAFT_READ = "SPEXIS_SYNC_DRAFT_READ"
+#: a path prefix: cProfile each rank's SP loop into PREFIX.pp{rank}.tp{rank}.prof
+ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
+
+
+def env_flag(name: str) -> bool:
+    """A developer switch from the environment ("1" = on)."""
+    return os.environ.get(name, "0") == "1"
+
+
+def env_value(name: str) -> Optional[str]:
+    """A developer setting from the environment (None when unset or empty)."""
+    return os.environ.get(name) or None
+
 
 @dataclasses.dataclass(frozen=True)
 class SpexisConfig:

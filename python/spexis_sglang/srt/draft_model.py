@@ -55,17 +55,11 @@ from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.runtime_context import get_exec
 from torch import nn
 
+from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value
+from spexis_sglang.srt.protocol import PROXY_DRAFT_CONF, PROXY_DRAFT_IDS, PROXY_LENGTH_BUCKET
+
 logger = logging.getLogger(__name__)
 
-ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
-# Debug/test aid: a file to which stage 0 (TP rank 0) appends one JSON line per eager forward.
-ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
-
-PROXY_DRAFT_IDS = "spexis_draft_ids"
-PROXY_DRAFT_CONF = "spexis_draft_conf"
-# Stage 0's remaining-length bucket per row (with --spexis-length-predictor); read by stage 0's
-# scheduler only, never sent down the pipe.
-PROXY_LENGTH_BUCKET = "spexis_length_bucket"
 
 RANDOM_PREFIX = "random:"
 RANDOM_NUM_LAYERS = 1
@@ -494,8 +488,8 @@ class _SpexisDraftMixin:
         self._spexis_length_path: Optional[str] = None
         self._spexis_length_predictor = None
         self._spexis_pending_weights: Optional[Dict[str, torch.Tensor]] = None
-        self._spexis_trace_path = os.environ.get(ENV_DRAFT_TRACE) or None
-        value = os.environ.get(ENV_DRAFT_HEAD)
+        self._spexis_trace_path = env_value(ENV_DRAFT_TRACE)
+        value = env_value(ENV_DRAFT_HEAD)
         pp = self.pp_group
         if not value or pp.world_size < 2 or not pp.is_first_rank:
             return

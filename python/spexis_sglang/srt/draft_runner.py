@@ -12,31 +12,24 @@ Use from a scheduler process, in this order, before the model is loaded:
 2. build the TP worker with :func:`spexis_tp_worker_class` (in ``Scheduler.init_tp_model_worker``)
    or, with the stock scheduler, call :func:`install_worker_class`.
 
-``python -m spexis_sglang.srt.draft_runner [sglang args]`` serves stock SGLang scheduling with the
-draft head on stage 0 (drafts are computed and travel downstream, nobody consumes them): a
-baseline for the head's cost, and the test bed for the head itself.
+``python -m spexis_sglang.draft_head_server [sglang args]`` serves stock SGLang scheduling with
+the draft head on stage 0 (:func:`run_draft_head_scheduler_process`; drafts are computed and
+travel downstream, nobody consumes them): a baseline for the head's cost, and the test bed for
+the head itself.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
-from typing import List, Optional
 
-if __name__ == "__main__":  # the CPU environment must precede the first sglang import
-    from spexis_sglang.cpu_support import activate
-
-    activate()
-
-from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
-from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
-from sglang.srt.model_executor.model_runner_components.layer_setup import (  # noqa: E402
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.model_runner_components.layer_setup import (
     ModelLayerInfo,
 )
-from sglang.srt.runtime_context import get_schedule  # noqa: E402
+from sglang.srt.runtime_context import get_schedule
 
-from spexis_sglang.srt.draft_model import (  # noqa: E402
+from spexis_sglang.srt.draft_model import (
     DraftHeadError,
     draft_num_layers,
     install_model_classes,
@@ -117,40 +110,3 @@ def run_draft_head_scheduler_process(*args, **kwargs):
     from sglang.srt.managers import scheduler
 
     return scheduler.run_scheduler_process(*args, **kwargs)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Serve stock SGLang with the draft head (``SPEXIS_DRAFT_HEAD`` must be set)."""
-    from spexis_sglang import launch_server as spexis_launch
-    from spexis_sglang.cpu_support import activate
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    on_cpu = activate()
-    prog = "python -m spexis_sglang.srt.draft_runner"
-    if not os.environ.get("SPEXIS_DRAFT_HEAD"):
-        print(
-            f"{prog}: error: set SPEXIS_DRAFT_HEAD (artifact dir or random:<seed>)", file=sys.stderr
-        )
-        return 2
-    try:
-        argv = spexis_launch.prepare_argv(argv, on_cpu)
-    except Exception as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
-
-    server_args = prepare_server_args(argv)
-    try:
-        launch_server(server_args, run_scheduler_process_func=run_draft_head_scheduler_process)
-    finally:
-        kill_process_tree(os.getpid(), include_parent=False)
-    return 0
-
-
-if __name__ == "__main__":
-    # Run through the importable module so that spawn pickles the scheduler function by name.
-    from spexis_sglang.srt import draft_runner as _module
-
-    sys.exit(_module.main())

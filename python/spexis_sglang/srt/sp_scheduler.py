@@ -11,181 +11,145 @@ every N iterations. Here every running request may ride every iteration: when a 
 newest row has just been launched, stage 0's draft head has already produced a draft for the
 next position, and the request's next row is a *speculative* row on that draft. The row's
 true token comes back from the last stage N iterations later, and
-:class:`spexis_sglang.core.sp_state.SPState` (epochs, not flags) decides whether the rows built
-on the draft stand or are stale.
+:class:`spexis_sglang.core.slot_state.SlotState` (epochs, not flags; arrays indexed by the
+request's slot, one numpy pass per batch) decides whether the rows built on the draft stand or
+are stale.
 
 Every PP rank runs this scheduler on mirrored state and builds the same batches:
 
 * requests arrive through SGLang's own relay (stage k forwards what stage k-1 received);
 * prefill admission is SGLang's own (mirrored allocator and radix cache);
-* the decode rows come from ``SPState.next_row``: which rows exist depends only on what was
+* the decode rows come from ``SlotState.next_rows``: which rows exist depends only on what was
   launched and verified, never on a draft's value, so later stages launch speculative rows
   with a placeholder token (only stage 0 embeds input tokens);
 * the draft each row produced travels down the pipe as extra keys of the proxy dict and comes
   back with the true token in the output dict, so every rank verifies identically;
 * rank-0-only decisions (the selective-speculation drops, and with look-ahead admission how
-  many waiting requests to admit) travel in a :class:`SpexisPlan` appended to the request
-  relay, which stage 0 therefore sends after it has scheduled.
+  many waiting requests to admit) travel in a :class:`~.protocol.SpexisPlan` appended to the
+  request relay, which stage 0 therefore sends after it has scheduled.
+
+What an iteration costs on the host (issue 12): the SP state, the sampling parameters
+(``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
+so building a batch and verifying its results are a few dozen numpy operations; the only
+per-row Python left is what SGLang itself does per emitted token (append it, check for a
+finish, stream it). Only the last stage builds sampling state.
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
 and the radix cache (``kv_committed_len`` = last valid row's position + 1). A finished request
-keeps its slots until its in-flight rows have drained (``SPState.pop_drained``).
+keeps its slots until its in-flight rows have drained (``SlotState.pop_drained``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-import zlib
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, PPProxyTensors
 from sglang.srt.runtime_context import get_observability, get_parallel
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import DynamicGradMode
 
-from spexis_sglang.core.selection import select_drops
-from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
-from spexis_sglang.srt.config import SpexisConfig, get_config
-from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
+from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
+from spexis_sglang.srt.config import (
+    ENV_PROFILE_LOOP,
+    ENV_SYNC_DRAFT_READ,
+    SpexisConfig,
+    env_flag,
+    env_value,
+    get_config,
+)
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.protocol import (
+    FORCE_ACCEPT_PARAM,
+    FORCED_LABEL,
+    PLACEHOLDER_TOKEN,
+    PROXY_DRAFT_CONF,
+    PROXY_DRAFT_IDS,
+    PROXY_LENGTH_BUCKET,
+    PROXY_PREFIX,
+    SpexisPlan,
+)
+from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
+from spexis_sglang.srt.sp_sampling import SlotSampling
 from spexis_sglang.srt.stats import (
-    SP_PHASES,
-    PhaseTimer,
+    SpexisStats,
     StockPPPhaseTimers,
     phase_timers_enabled,
 )
 
 logger = logging.getLogger(__name__)
 
-DRAFT_IDS_KEY = "spexis_draft_ids"
-DRAFT_CONF_KEY = "spexis_draft_conf"
-_PLACEHOLDER_TOKEN = 0
-# meta_info key carried by every token produced in the benchmark-only forced-acceptance mode
-FORCED_LABEL = "spexis_benchmark_forced_acceptance"
-# sampling_params.custom_params key: a request's own forced acceptance (benchmark mode only), so
-# one server sweeps several values of theta without a restart.
-FORCE_ACCEPT_PARAM = "spexis_force_accept"
-
-
-_MASK64 = (1 << 64) - 1
-
+__all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler", "SpexisStats"]
 
 # constrained decoding: SP rows neither advance nor check a grammar's state
 SP_UNSUPPORTED_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
 
-
-def _needs_slot(req: Req, row: RowPlan) -> bool:
-    """The row writes past the request's allocated KV: it needs a new slot."""
-    return row.position >= req.kv.kv_allocated_len
+_ACCEPTED, _REJECTED, _STALE = int(Verdict.ACCEPTED), int(Verdict.REJECTED), int(Verdict.STALE)
 
 
-def _slots_needed(plans: List[Tuple[Req, RowPlan]]) -> int:
-    return sum(1 for req, row in plans if _needs_slot(req, row))
+class _PendingDrafts:
+    """The drafts of one launched decode batch, read when the next batch is built.
 
+    On a GPU stage 0 copies them to the host on the copy stream; :meth:`read` waits for that
+    copy, so nobody touches the host tensors early. Ranks that never see drafts hold
+    placeholders."""
 
-def _uniform64(base: int, position: int, epoch: int) -> float:
-    """A uniform number in [0, 1) from three integers (splitmix64's finaliser)."""
-    x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
-    x &= _MASK64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK64
-    x ^= x >> 31
-    return x / 18446744073709551616.0
+    def __init__(self, rows: Rows, ids=None, conf=None, buckets=None, event=None, sources=()):
+        self.rows = rows
+        self._ids, self._conf, self._buckets = ids, conf, buckets
+        self._event = event
+        self._sources = sources  # keeps the copy's device tensors alive until it is read
+
+    def read(self) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """Draft ids, confidences and (stage 0 with a predictor) length buckets, per row."""
+        n = len(self.rows)
+        if self._ids is None:
+            return np.full(n, PLACEHOLDER_TOKEN, dtype=np.int64), np.ones(n), None
+        if self._event is not None:
+            self._event.synchronize()
+        ids = self._ids.numpy().astype(np.int64, copy=False)
+        conf = self._conf.float().numpy().astype(np.float64)
+        buckets = None if self._buckets is None else self._buckets.numpy()
+        return ids, conf, buckets
 
 
 @dataclass
-class SpexisPlan:
-    """Stage 0's decisions for one iteration, relayed to the later stages with the requests."""
+class SPLoopState:
+    """Everything the SP loop keeps between iterations (one per scheduler)."""
 
-    iteration: int
-    dropped: List[str] = field(default_factory=list)
-    #: look-ahead admission: admit at most this many waiting requests now (None = no limit)
+    slots: SlotState
+    #: the Req decoding under SP in each slot (None: free or draining)
+    req_at: np.ndarray
+    #: the running requests in batch order (SGLang's stock code scans this batch's reqs)
+    running: ScheduleBatch
+    #: the last stage's per-slot sampling parameters (None on the ranks that do not sample)
+    sampling: Optional[SlotSampling]
+    #: benchmark-only forced acceptance (None unless --spexis-benchmark-force-accept)
+    forced: Optional[ForcedAcceptance]
+    #: latest remaining-length bucket per slot (stage 0, with a length predictor; -1: none)
+    length_bucket: np.ndarray
+    rank0: bool
+    stats: SpexisStats = field(default_factory=SpexisStats)
+    iteration: int = 0
+    #: released requests whose KV is freed once their rows have drained: slot -> (req, retracted)
+    draining: Dict[int, Tuple[Req, bool]] = field(default_factory=dict)
+    #: drafts of launched decode batches not yet read (see sp_after_launch)
+    pending_drafts: List[_PendingDrafts] = field(default_factory=list)
+    #: look-ahead admission's cap for this iteration (read by get_num_allocatable_reqs)
     admit_cap: Optional[int] = None
-
-
-class _PendingDrafts(NamedTuple):
-    """Drafts of one launched decode batch, read when the next batch is built."""
-
-    rows: List["SpexisRow"]
-    ids: Optional[torch.Tensor]  # host tensor (None on later stages: placeholders)
-    conf: Optional[torch.Tensor]
-    event: Optional[object] = None  # the device-to-host copy's completion
-    device_tensors: tuple = ()  # keeps the copy's sources alive until it is read
-    length_buckets: Optional[torch.Tensor] = None  # stage 0, with a length predictor
-
-
-@dataclass
-class SpexisRow:
-    req: Req
-    position: int
-    epoch: int
-    is_spec: bool
-
-
-@dataclass
-class SpexisStats:
-    """Counters behind the metrics (acceptance, effective batch, row kinds)."""
-
-    iterations: int = 0
-    decode_iterations: int = 0
-    rows_normal: int = 0
-    rows_spec: int = 0
-    rows_stale: int = 0
-    tokens_committed: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    drafts_dropped: int = 0
-    # look-ahead admission: requests delayed at least once, iterations that held some back
-    admissions_delayed: int = 0
-    admission_gated_iterations: int = 0
-    # decode rows the length predictor said end within 64 tokens (bucket >= 0)
-    rows_predicted_ending: int = 0
-    # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every
-    # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
-    decode_graph_replays: int = 0
-    decode_eager_forwards: int = 0
-    # This rank's event loop by phase (seconds, cumulative), wall (time_*_s: where an iteration
-    # goes, waits included) and thread CPU (cpu_*_s: what the loop itself costs); exported flat
-    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)
-
-    @property
-    def acceptance_rate(self) -> float:
-        n = self.accepted + self.rejected
-        return self.accepted / n if n else 0.0
-
-    @property
-    def rows(self) -> int:
-        return self.rows_normal + self.rows_spec
-
-    @property
-    def effective_batch_ratio(self) -> float:
-        """Committed tokens per launched decode row (1.0 = no row wasted)."""
-        return self.tokens_committed / self.rows if self.rows else 0.0
-
-    def as_dict(self) -> Dict[str, float]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}
-        d.update(self.phases.as_dict())
-        d["acceptance_rate"] = self.acceptance_rate
-        d["effective_batch_ratio"] = self.effective_batch_ratio
-        d["avg_rows_per_decode_iteration"] = (
-            self.rows / self.decode_iterations if self.decode_iterations else 0.0
-        )
-        d["avg_tokens_per_decode_iteration"] = (
-            self.tokens_committed / self.decode_iterations if self.decode_iterations else 0.0
-        )
-        return d
+    #: a request was released since ``running`` was last filtered
+    released_since_filter: bool = False
+    #: (running.reqs, their slots): rebuilt when the list changes
+    running_slots: Optional[Tuple[list, np.ndarray]] = None
 
 
 class SpexisScheduler(Scheduler):
@@ -193,12 +157,17 @@ class SpexisScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         self.spexis_config: SpexisConfig = get_config()
+        self.sp: Optional[SPLoopState] = None
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ set-up
     @property
     def sp_enabled(self) -> bool:
         return self.spexis_config.enabled and self.ps.pp_size > 1
+
+    @property
+    def sp_stats(self) -> SpexisStats:
+        return self.sp.stats
 
     def init_tp_model_worker(self):
         if not self.spexis_config.enabled:
@@ -218,9 +187,8 @@ class SpexisScheduler(Scheduler):
         # Under SP every running request is in every iteration: the cap is the server's,
         # not the per-micro-batch share stock PP uses.
         res = self.max_running_requests - running_bs
-        cap = getattr(self, "sp_admit_cap", None)  # look-ahead admission's, this iteration
-        if cap is not None:
-            res = min(res, cap)
+        if self.sp is not None and self.sp.admit_cap is not None:
+            res = min(res, self.sp.admit_cap)
         return min(res, self.req_to_token_pool.available_size())
 
     def event_loop_pp(self):
@@ -234,44 +202,48 @@ class SpexisScheduler(Scheduler):
         self.init_pp_loop_state()
         if get_parallel().pp_async_batch_depth != 0:
             raise ValueError("Spexis needs --pp-async-batch-depth 0")
-        self.sp = SPState()
-        self.sp_stats = SpexisStats()
-        self.sp_running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
-        # Stock abort handling scans running_mbs and mbs for in-flight requests.
-        self.running_mbs = [self.sp_running_batch] * self.pp_loop_size
-        self.sp_rank0 = self.pp_group.is_first_rank
-        self.sp_iteration = 0
-        self.sp_rng_seed = self.server_args.random_seed or 0
-        self.sp_last_log = time.monotonic()
-        self.sp_last_logged_iterations = 0
-        # Removed requests whose KV is freed once their in-flight rows have drained.
-        self.sp_finished_waiting_drain: Dict[str, Req] = {}
-        self.sp_metrics = None
-        if self.sp_rank0 and get_observability().enable_metrics:
-            from spexis_sglang.srt.metrics import SpexisMetrics
-
-            self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
-        if self.spexis_config.force_accept is not None:
+        capacity = self.req_to_token_pool.req_to_token.shape[0]
+        vocab = self.model_config.vocab_size
+        cfg = self.spexis_config
+        forced = None
+        if cfg.force_accept is not None:
+            forced = ForcedAcceptance(
+                capacity, self.server_args.random_seed or 0, cfg.force_accept, vocab
+            )
             logger.warning(
                 "Spexis BENCHMARK MODE: verification accepts drafts with probability %.3f "
                 "regardless of the model; outputs are not the model's and are labelled "
                 "'%s' in their meta_info",
-                self.spexis_config.force_accept,
+                cfg.force_accept,
                 FORCED_LABEL,
             )
-        self.sp_retracted_waiting_drain: Dict[str, Req] = {}
-        # Drafts of launched decode batches not yet read (see sp_after_launch).
-        self.sp_pending_drafts: List[_PendingDrafts] = []
-        self.sp_sync_draft_read = os.environ.get("SPEXIS_SYNC_DRAFT_READ", "0") == "1"
-        # Latest remaining-length bucket per running request (stage 0, with a predictor).
-        self.sp_length_bucket: Dict[str, int] = {}
-        self.sp_admit_cap: Optional[int] = None
+        self.sp = SPLoopState(
+            # a request has at most one row per launched batch, and a batch returns
+            # pp_loop_size launches later
+            slots=SlotState(capacity, depth=self.pp_loop_size),
+            req_at=np.full(capacity, None, dtype=object),
+            running=ScheduleBatch(reqs=[], batch_is_full=False),
+            sampling=SlotSampling(capacity, vocab) if self.pp_group.is_last_rank else None,
+            forced=forced,
+            length_bucket=np.full(capacity, -1, dtype=np.int64),
+            rank0=self.pp_group.is_first_rank,
+        )
+        # Stock abort handling scans running_mbs and mbs for in-flight requests.
+        self.running_mbs = [self.sp.running] * self.pp_loop_size
+        self.sp_last_log = time.monotonic()
+        self.sp_last_logged_iterations = 0
+        self.sp_metrics = None
+        if self.sp.rank0 and get_observability().enable_metrics:
+            from spexis_sglang.srt.metrics import SpexisMetrics
+
+            self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
+        self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
         self.sp_admission_gate = self._sp_make_admission_gate()
 
     def _sp_make_admission_gate(self):
         """Stage 0's look-ahead admission (``--spexis-lookahead-admission``), else None."""
         cfg = self.spexis_config
-        if not (cfg.lookahead_admission and self.sp_rank0):
+        if not (cfg.lookahead_admission and self.sp.rank0):
             return None
         from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS
         from spexis_sglang.models.artifact import read_artifact_config
@@ -302,7 +274,8 @@ class SpexisScheduler(Scheduler):
     def event_loop_sp(self):
         """Stock ``event_loop_pp`` (same communication choreography), SP batches."""
         self.init_sp_state()
-        timer = self.sp_stats.phases
+        sp = self.sp
+        timer = sp.stats.phases
         profiler = self._sp_maybe_profiler()
         while True:
             if profiler is not None:
@@ -310,31 +283,21 @@ class SpexisScheduler(Scheduler):
             server_is_idle = True
             for mb_id in range(self.pp_loop_size):
                 timer.start()
-                self.running_batch = self.sp_running_batch
+                self.running_batch = sp.running
                 next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
                 next_mb_id = (mb_id + 1) % self.pp_loop_size
 
-                recv_reqs = self.request_receiver.recv_requests()
-                plan_in = None
-                if recv_reqs:
-                    plans = [r for r in recv_reqs if isinstance(r, SpexisPlan)]
-                    if plans:
-                        plan_in = plans[-1]
-                        recv_reqs = [r for r in recv_reqs if not isinstance(r, SpexisPlan)]
+                # recv + schedule + relay
+                recv_reqs, plan_in = self._sp_recv_requests()
                 self.process_input_requests(recv_reqs)
-
                 cur_batch, plan_out = self.sp_get_next_batch(plan_in)
                 self.mbs[mb_id] = cur_batch
                 self.cur_batch_for_debug = cur_batch
-
-                # Stage 0 relays the requests *after* scheduling, with its decisions.
-                if not self.pp_group.is_last_rank:
-                    self._pp_commit_comm_work(self.send_req_work)
-                    self.send_req_work = self._pp_send_pyobj_to_next_stage(
-                        list(recv_reqs or []) + [plan_out], async_send=True
-                    )
+                self._sp_relay_requests(recv_reqs, plan_out)
                 timer.mark("schedule")
 
+                # launch (later stages first wait for the previous stage's proxy)
+                result = None
                 if cur_batch:
                     server_is_idle = False
                     pp_proxy_tensors = self._pp_recv_proxy_tensors()
@@ -342,10 +305,9 @@ class SpexisScheduler(Scheduler):
                         cur_batch.spexis_extras = {
                             k: v
                             for k, v in pp_proxy_tensors.tensors.items()
-                            if k.startswith("spexis_")
+                            if k.startswith(PROXY_PREFIX)
                         }
                 self._pp_commit_comm_work(self.send_proxy_work)
-                result = None
                 if cur_batch:
                     result, self.launch_event = self._pp_launch_batch(
                         mb_id,
@@ -355,9 +317,9 @@ class SpexisScheduler(Scheduler):
                         self.last_rank_comm_queue,
                     )
                     self.sp_after_launch(cur_batch, result)
-                # the proxy receive (later stages wait for the previous stage) + launch
                 timer.mark("launch")
 
+                # collect + verify the batch launched pp_loop_size - 1 iterations ago
                 next_pp_outputs, next_batch_result, d2h_event = (
                     self._pp_commit_send_output_work_and_preprocess_output_tensors(
                         next_first_rank_mb_id, next_mb_id
@@ -371,18 +333,12 @@ class SpexisScheduler(Scheduler):
                     self.last_mbs[next_mb_id] = self.mbs[next_mb_id]
                     timer.mark("process")
 
+                # send this batch's proxy on, then free what has drained
                 if not self.pp_group.is_last_rank and cur_batch:
-                    self.device_module.current_stream().wait_event(self.launch_event)
-                    tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
-                    tensors.pop(PROXY_LENGTH_BUCKET, None)  # stage 0's own
-                    for k, v in getattr(cur_batch, "spexis_extras", {}).items():
-                        tensors.setdefault(k, v)
-                    self.send_proxy_work = self._pp_send_dict_to_next_stage(
-                        tensors, async_send=True, msg_type="proxy"
-                    )
+                    self._sp_send_proxy(cur_batch, result)
                 self.pp_outputs = next_pp_outputs
                 self.sp_release_drained()
-                self.sp_iteration += 1
+                sp.iteration += 1
                 if cur_batch is not None or self.mbs[next_mb_id] is not None:
                     timer.mark("send")
                     timer.commit()
@@ -393,9 +349,39 @@ class SpexisScheduler(Scheduler):
                 self.on_idle()
             self.sp_maybe_log()
 
+    def _sp_recv_requests(self) -> Tuple[list, Optional[SpexisPlan]]:
+        """This iteration's requests, and stage 0's plan (later stages)."""
+        recv_reqs = self.request_receiver.recv_requests()
+        plan_in = None
+        if recv_reqs:
+            plans = [r for r in recv_reqs if isinstance(r, SpexisPlan)]
+            if plans:
+                plan_in = plans[-1]
+                recv_reqs = [r for r in recv_reqs if not isinstance(r, SpexisPlan)]
+        return recv_reqs, plan_in
+
+    def _sp_relay_requests(self, recv_reqs: list, plan_out: SpexisPlan) -> None:
+        """Stage 0 relays the requests *after* scheduling, with its decisions."""
+        if self.pp_group.is_last_rank:
+            return
+        self._pp_commit_comm_work(self.send_req_work)
+        self.send_req_work = self._pp_send_pyobj_to_next_stage(
+            list(recv_reqs or []) + [plan_out], async_send=True
+        )
+
+    def _sp_send_proxy(self, batch: ScheduleBatch, result) -> None:
+        self.device_module.current_stream().wait_event(self.launch_event)
+        tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
+        tensors.pop(PROXY_LENGTH_BUCKET, None)  # stage 0's own
+        for k, v in getattr(batch, "spexis_extras", {}).items():
+            tensors.setdefault(k, v)
+        self.send_proxy_work = self._pp_send_dict_to_next_stage(
+            tensors, async_send=True, msg_type="proxy"
+        )
+
     def _sp_maybe_profiler(self):
         """``SPEXIS_PROFILE_LOOP=PREFIX``: cProfile this rank's loop (developer aid)."""
-        prefix = os.environ.get("SPEXIS_PROFILE_LOOP")
+        prefix = env_value(ENV_PROFILE_LOOP)
         if not prefix:
             return None
         from spexis_sglang.srt.profiling import LoopProfiler
@@ -413,48 +399,61 @@ class SpexisScheduler(Scheduler):
     def sp_get_next_batch(
         self, plan_in: Optional[SpexisPlan]
     ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
-        plan_out = SpexisPlan(iteration=self.sp_iteration)
+        sp = self.sp
+        plan_out = SpexisPlan(iteration=sp.iteration)
         self.process_pending_chunked_abort()
         self._abort_on_waiting_timeout()
         if self.chunked_req is not None:
             if self.chunked_req.extend_range.end > len(self.chunked_req.prefix_indices):
                 self.stash_chunked_request(self.chunked_req)
 
-        self.sp_running_batch.reqs = [r for r in self.sp_running_batch.reqs if r.rid in self.sp]
-        self.sp_admit_cap = plan_out.admit_cap = self.sp_admission_cap(plan_in)
-        if self.sp_admit_cap is not None:
+        if sp.released_since_filter:
+            req_at = sp.req_at
+            sp.running.reqs = [r for r in sp.running.reqs if req_at[r.req_pool_idx] is r]
+            sp.released_since_filter = False
+        sp.admit_cap = plan_out.admit_cap = self.sp_admission_cap(plan_in)
+        if sp.admit_cap is not None:
             # the limit is decided afresh every iteration: a "full" batch it caused must not
             # outlive it (stock SGLang clears batch_is_full only when memory frees up)
-            self.sp_running_batch.batch_is_full = False
+            sp.running.batch_is_full = False
         try:
-            prefill = self.get_new_batch_prefill(self.sp_running_batch).batch_to_run
+            prefill = self.get_new_batch_prefill(sp.running).batch_to_run
         finally:
-            self.sp_admit_cap = None
+            sp.admit_cap = None
         if prefill is not None:
             prefill.spexis_kind = "prefill"
             return prefill, plan_out
         batch = self.sp_build_decode_batch(plan_in, plan_out)
         return batch, plan_out
 
+    def _sp_running_slots(self) -> np.ndarray:
+        """The running requests' slots in batch order (rebuilt only when the list changed)."""
+        sp = self.sp
+        reqs = sp.running.reqs
+        cached = sp.running_slots
+        if cached is None or cached[0] is not reqs or cached[1].shape[0] != len(reqs):
+            slots = np.fromiter((r.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+            sp.running_slots = cached = (reqs, slots)
+        return cached[1]
+
     def sp_admission_cap(self, plan_in: Optional[SpexisPlan]) -> Optional[int]:
         """How many waiting requests may be admitted this iteration (None = no limit).
 
         Stage 0 asks the look-ahead gate; the later stages take stage 0's answer from the
         plan (their queues mirror stage 0's, so the same requests are admitted)."""
-        if not self.sp_rank0:
+        sp = self.sp
+        if not sp.rank0:
             return plan_in.admit_cap if plan_in is not None else None
         gate = self.sp_admission_gate
         if gate is None or not self.waiting_queue or self.chunked_req is not None:
             return None
-        running = self.sp_running_batch.reqs
-        if not running:
+        if not sp.running.reqs:
             return None
-        lengths = [
-            self.sp.kv_len(r.rid) if r.rid in self.sp else r.kv.kv_allocated_len for r in running
-        ]
-        buckets = [self.sp_length_bucket.get(r.rid, -1) for r in running]
+        slots = self._sp_running_slots()
+        lengths = sp.slots.kv_len(slots).tolist()
+        buckets = sp.length_bucket[slots].tolist()
         waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in self.waiting_queue]
-        st = self.sp_stats
+        st = sp.stats
         theta = gate.theta(st.accepted, st.rejected, st.drafts_dropped)
         n = gate.admit_count(lengths, buckets, waiting, theta)
         if n >= len(waiting):
@@ -466,69 +465,50 @@ class SpexisScheduler(Scheduler):
                 st.admissions_delayed += 1
         return n
 
-    def _useful_position(self, req: Req, position: int) -> bool:
-        """A row at ``position`` can still produce a token the request may emit."""
-        produced = position + 1 - len(req.origin_input_ids)
-        if produced >= req.sampling_params.max_new_tokens:
-            return False
-        return position + 1 < self.req_to_token_pool.req_to_token.shape[1]
-
     def sp_build_decode_batch(
         self, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
     ) -> Optional[ScheduleBatch]:
+        """Every running request's next row (normal or on its draft), fitted to memory."""
         self.sp_apply_drafts()
-        reqs = self.sp_running_batch.reqs
-        if not reqs:
+        sp = self.sp
+        if not sp.running.reqs:
             return None
-        plans: List[Tuple[Req, RowPlan]] = []
-        for req in reqs:
-            if req.finished():
-                continue
-            row = self.sp.next_row(req.rid)
-            if row is None:
-                continue
-            if row.is_spec and not self._useful_position(req, row.position):
-                self.sp.drop_draft(req.rid)
-                continue
-            plans.append((req, row))
-
-        plans = self.sp_apply_selection(plans, plan_in, plan_out)
-        plans = self.sp_fit_memory(plans)
-        if not plans:
+        rows = sp.slots.next_rows(self._sp_running_slots())
+        rows = self.sp_apply_selection(rows, plan_in, plan_out)
+        rows = self.sp_fit_memory(rows)
+        if len(rows) == 0:
             return None
+        self._sp_alloc_kv(rows)
+        sp.slots.on_launch(rows)
+        st = sp.stats
+        n_spec = int(np.count_nonzero(rows.is_spec))
+        st.rows_spec += n_spec
+        st.rows_normal += len(rows) - n_spec
+        st.decode_iterations += 1
+        return self._sp_decode_batch(rows)
 
-        # One pass over the rows, then a handful of tensor ops: per-row tensor indexing would
-        # launch one device kernel per row (milliseconds per iteration at B = 256 on a GPU).
-        sp, stats = self.sp, self.sp_stats
-        rows: List[SpexisRow] = []
-        tokens, positions, pool_idx = [], [], []
-        new_pool_idx, new_positions = [], []
-        for req, row in plans:
-            if _needs_slot(req, row):
-                new_pool_idx.append(req.req_pool_idx)
-                new_positions.append(row.position)
-                req.kv.kv_allocated_len = row.position + 1
-            epoch = sp.on_launch(req.rid, row.position, row.token, row.is_spec, row.confidence)
-            rows.append(SpexisRow(req, row.position, epoch, row.is_spec))
-            tokens.append(row.token)
-            positions.append(row.position)
-            pool_idx.append(req.req_pool_idx)
-        n_spec = sum(1 for r in rows if r.is_spec)
-        stats.rows_spec += n_spec
-        stats.rows_normal += len(rows) - n_spec
-        stats.decode_iterations += 1
-
-        device = self.req_to_token_pool.device
+    def _sp_alloc_kv(self, rows: Rows) -> None:
+        """A new KV slot for every row that writes past its request's KV (one alloc, one
+        index write). While a request decodes under SP, its KV length is the SlotState's
+        (``allocated_len``), not ``req.kv.kv_allocated_len``."""
+        need = self.sp.slots.needs_slot(rows)
+        n = int(np.count_nonzero(need))
+        if n == 0:
+            return
+        slots, positions = rows.slot[need], rows.position[need]
+        new_slots = self.token_to_kv_pool_allocator.alloc(n)
+        if new_slots is None:
+            raise RuntimeError("Spexis: KV allocation failed after the memory check")
         req_to_token = self.req_to_token_pool.req_to_token
-        if new_pool_idx:
-            new_slots = self.token_to_kv_pool_allocator.alloc(len(new_pool_idx))
-            if new_slots is None:
-                raise RuntimeError("Spexis: KV allocation failed after the memory check")
-            where = torch.tensor([new_pool_idx, new_positions], dtype=torch.int64).to(device)
-            req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
+        where = torch.from_numpy(np.stack([slots, positions])).to(req_to_token.device)
+        req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
+        # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
 
+    def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
+        """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
+        reqs = self.sp.req_at[rows.slot].tolist()
         batch = ScheduleBatch.init_new(
-            [r.req for r in rows],
+            reqs,
             self.req_to_token_pool,
             self.token_to_kv_pool_allocator,
             self.tree_cache,
@@ -537,20 +517,21 @@ class SpexisScheduler(Scheduler):
             self.spec_algorithm,
         )
         batch.forward_mode = ForwardMode.DECODE
-        set_decode_logprob_fields(batch, batch.reqs)
-        meta_cpu = torch.tensor([tokens, pool_idx, positions], dtype=torch.int64)
+        set_decode_logprob_fields(batch, reqs)
+        meta_cpu = torch.from_numpy(np.stack([rows.token, rows.slot, rows.position]))
+        device = self.req_to_token_pool.device
         meta = meta_cpu.to(device)
+        req_to_token = self.req_to_token_pool.req_to_token
         batch.input_ids = meta[0]
         batch.req_pool_indices_cpu = meta_cpu[1]
         batch.req_pool_indices = meta[1]
         batch.seq_lens_cpu = meta_cpu[2] + 1
         batch.seq_lens = meta[2] + 1
         batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        batch.seq_lens_sum = int(rows.position.sum()) + len(rows)
         batch.out_cache_loc = req_to_token[meta[1], meta[2]].to(torch.int64)
-        batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
-            batch, self.model_config.vocab_size
-        )
+        if self.sp.sampling is not None:
+            batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
         self.sp_set_penalties(batch)
@@ -564,109 +545,91 @@ class SpexisScheduler(Scheduler):
         the last stage needs the real values of the drafts its rows make
         (``sp_after_launch``): the other ranks record placeholders.
         """
-        orchestrator = batch.sampling_info.penalizer_orchestrator
-        if not (self.pp_group.is_last_rank and orchestrator is not None):
-            return
-        if not orchestrator.is_required:
+        info = batch.sampling_info
+        orchestrator = info.penalizer_orchestrator if info is not None else None
+        if orchestrator is None or not orchestrator.is_required:
             return
         batch.spexis_needs_drafts = True
-        sp = self.sp
+        slots = self.sp.slots
         prefixes = [
             (
                 row_output_prefix(
-                    row.req.output_ids,
-                    sp.draft_tokens(row.req.rid),
-                    len(row.req.origin_input_ids),
-                    row.position,
+                    req.output_ids,
+                    slots.draft_tokens(slot),
+                    len(req.origin_input_ids),
+                    position,
                 )
-                if needs_penalizer(row.req.sampling_params)
+                if needs_penalizer(req.sampling_params)
                 else None
             )
-            for row in batch.spexis_rows
+            for req, slot, position in zip(
+                batch.reqs, batch.spexis_rows.slot.tolist(), batch.spexis_rows.position.tolist()
+            )
         ]
         set_penalizer_state(orchestrator, prefixes)
 
     def sp_apply_selection(
-        self,
-        plans: List[Tuple[Req, RowPlan]],
-        plan_in: Optional[SpexisPlan],
-        plan_out: SpexisPlan,
-    ) -> List[Tuple[Req, RowPlan]]:
-        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1)."""
-        if self.sp_rank0:
-            alpha = self.spexis_config.alpha
-            spec = [i for i, (_, row) in enumerate(plans) if row.is_spec]
-            if alpha <= 0 or not spec:
-                return plans
-            conf = [self.sp.candidate_confidence(plans[i][0].rid) for i in spec]
-            drop_idx = select_drops(conf, alpha)
-            dropped = {plans[spec[i]][0].rid for i in drop_idx}
+        self, rows: Rows, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
+    ) -> Rows:
+        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1); the
+        later stages drop the same ones."""
+        sp = self.sp
+        if sp.rank0:
+            rows, dropped = sp.slots.select(rows, self.spexis_config.alpha)
         else:
-            dropped = set(plan_in.dropped) if plan_in is not None else set()
-        if not dropped:
-            return plans
-        plan_out.dropped = sorted(dropped)
-        kept = []
-        for req, row in plans:
-            if req.rid in dropped:
-                self.sp.drop_draft(req.rid)
-                self.sp_stats.drafts_dropped += 1
-            else:
-                kept.append((req, row))
-        return kept
+            dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
+            if dropped.size:
+                sp.slots.drop(dropped)
+                rows = rows.without(dropped)
+        if dropped.size:
+            plan_out.dropped = dropped.tolist()
+            sp.stats.drafts_dropped += int(dropped.size)
+        return rows
 
-    def sp_fit_memory(self, plans: List[Tuple[Req, RowPlan]]) -> List[Tuple[Req, RowPlan]]:
+    def sp_fit_memory(self, rows: Rows) -> Rows:
         """Make room for the rows that need a new KV slot; speculation gives way first."""
-        need = _slots_needed(plans)
-        if need == 0:
-            return plans
-        evict_from_tree_cache(self.tree_cache, need)
+        slots = self.sp.slots
+        need = slots.needs_slot(rows)
+        n_need = int(np.count_nonzero(need))
+        if n_need == 0:
+            return rows
+        evict_from_tree_cache(self.tree_cache, n_need)
         avail = self.token_to_kv_pool_allocator.available_size()
-        if avail >= need:
-            return plans
-        kept = []
-        for req, row in plans:
-            if row.is_spec and _needs_slot(req, row):
-                self.sp.drop_draft(req.rid)
-                continue
-            kept.append((req, row))
-        need = _slots_needed(kept)
-        if avail >= need:
-            return kept
+        if avail >= n_need:
+            return rows
+        spec_need = rows.is_spec & need
+        if spec_need.any():
+            slots.drop(rows.slot[spec_need])
+            rows = rows.take(~spec_need)
+            need = slots.needs_slot(rows)
+            n_need = int(np.count_nonzero(need))
+            if avail >= n_need:
+                return rows
         # Not even the verified rows fit: retract requests (latest first) until they do.
-        kept = self.sp_retract(kept, need - avail)
-        need = _slots_needed(kept)
-        if need <= avail:
-            return kept
+        rows = self.sp_retract(rows, n_need - avail)
+        need = slots.needs_slot(rows)
+        if int(np.count_nonzero(need)) <= avail:
+            return rows
         # A retracted request's KV returns only once its rows have drained, so this iteration
-        # runs the rows that fit; the others simply wait (next_row is pure: nothing to undo).
-        fitted, budget = [], avail
-        for req, row in kept:
-            if _needs_slot(req, row):
-                if budget == 0:
-                    continue
-                budget -= 1
-            fitted.append((req, row))
-        return fitted
+        # runs the rows that fit; the others simply wait (next_rows is pure: nothing to undo).
+        return rows.take(~need | (np.cumsum(need) <= avail))
 
-    def sp_retract(
-        self, plans: List[Tuple[Req, RowPlan]], shortfall: int
-    ) -> List[Tuple[Req, RowPlan]]:
+    def sp_retract(self, rows: Rows, shortfall: int) -> Rows:
+        reqs = self.sp.req_at[rows.slot].tolist()
         order = sorted(
-            range(len(plans)),
-            key=lambda i: (len(plans[i][0].output_ids), -len(plans[i][0].origin_input_ids)),
+            range(len(reqs)),
+            key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids)),
         )
-        retracted = set()
+        retracted = []
         while shortfall > 0 and len(order) > 1:
-            i = order.pop()
-            req = plans[i][0]
-            retracted.add(req.rid)
-            shortfall -= 1 + max(0, req.kv.kv_allocated_len - req.kv_committed_len)
+            req = reqs[order.pop()]
+            retracted.append(req.req_pool_idx)
+            allocated = int(self.sp.slots.allocated_len(req.req_pool_idx)[0])
+            shortfall -= 1 + max(0, allocated - req.kv_committed_len)
             shortfall -= req.kv_committed_len  # freed once its rows have drained
-            self.sp.remove(req.rid)
-            self.sp_retracted_waiting_drain[req.rid] = req
+            self._sp_release(req, retracted=True)
             logger.info("Spexis: KV cache pool is full, retracting request %s", req.rid)
-        return [(r, row) for r, row in plans if r.rid not in retracted]
+        return rows.without(np.asarray(retracted, dtype=np.int64))
 
     # ------------------------------------------------------------------ launch and results
     def sp_after_launch(self, batch: ScheduleBatch, result) -> None:
@@ -679,26 +642,27 @@ class SpexisScheduler(Scheduler):
         keeps the mirrored states identical. ``SPEXIS_SYNC_DRAFT_READ=1`` reads them at once
         (the previous behaviour; kept for the benchmark's before/after).
         """
-        self.sp_stats.iterations += 1
+        stats = self.sp.stats
+        stats.iterations += 1
         if getattr(batch, "spexis_kind", None) != "decode":
             return
         if getattr(result, "can_run_cuda_graph", False):
-            self.sp_stats.decode_graph_replays += 1
+            stats.decode_graph_replays += 1
         else:
-            self.sp_stats.decode_eager_forwards += 1
-        rows: List[SpexisRow] = batch.spexis_rows
-        if self.sp_rank0:
+            stats.decode_eager_forwards += 1
+        rows: Rows = batch.spexis_rows
+        if self.sp.rank0:
             tensors = result.pp_hidden_states_proxy_tensors.tensors
         elif getattr(batch, "spexis_needs_drafts", False):
             # The last stage penalises rows by the drafts they are built on (sp_penalties):
             # it takes the drafts' values from the proxy they came down the pipe with.
             tensors = batch.spexis_extras
         else:
-            self.sp_pending_drafts.append(_PendingDrafts(rows, None, None))
+            self.sp.pending_drafts.append(_PendingDrafts(rows))
             if self.sp_sync_draft_read:
                 self.sp_apply_drafts()
             return
-        ids, conf = tensors[DRAFT_IDS_KEY], tensors[DRAFT_CONF_KEY]
+        ids, conf = tensors[PROXY_DRAFT_IDS], tensors[PROXY_DRAFT_CONF]
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
         sources = (ids, conf, buckets)
         event = None
@@ -710,47 +674,28 @@ class SpexisScheduler(Scheduler):
                     buckets = buckets.to("cpu", non_blocking=True)
                 event = self.device_module.Event()
                 event.record(self.device_module.current_stream())
-        self.sp_pending_drafts.append(_PendingDrafts(rows, ids, conf, event, sources, buckets))
+        elif ids.device.type != "cpu":
+            ids, conf = ids.cpu(), conf.cpu()
+            buckets = buckets.cpu() if buckets is not None else None
+        self.sp.pending_drafts.append(_PendingDrafts(rows, ids, conf, buckets, event, sources))
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
 
     def sp_apply_drafts(self) -> None:
         """Record the drafts of the decode batches launched so far, oldest first."""
-        if not self.sp_pending_drafts:
+        sp = self.sp
+        if not sp.pending_drafts:
             return
-        with self.sp_stats.phases.phase("draft_sync"):
-            self._sp_apply_pending_drafts()
-
-    def _sp_apply_pending_drafts(self) -> None:
-        pending, self.sp_pending_drafts = self.sp_pending_drafts, []
-        for p in pending:
-            if p.ids is None:
-                draft_ids = [_PLACEHOLDER_TOKEN] * len(p.rows)
-                draft_conf = [1.0] * len(p.rows)
-            else:
-                if p.event is not None:
-                    p.event.synchronize()
-                draft_ids = p.ids.tolist()
-                draft_conf = p.conf.tolist()
-            for row, tok, c in zip(p.rows, draft_ids, draft_conf):
-                self.sp.on_draft(row.req.rid, row.position, row.epoch, int(tok), float(c))
-            if p.length_buckets is not None:
-                buckets = p.length_buckets.tolist()
-                self.sp_stats.rows_predicted_ending += sum(1 for b in buckets if b >= 0)
-                for row, b in zip(p.rows, buckets):
-                    if row.req.rid in self.sp:
-                        self.sp_length_bucket[row.req.rid] = int(b)
-
-    def _forced_theta(self, req: Req) -> float:
-        """The request's forced acceptance: its ``custom_params`` value, else the server's."""
-        theta = getattr(req, "spexis_forced_theta", None)
-        if theta is not None:
-            return theta
-        # a request's own value was validated on arrival (_force_accept_param_error)
-        custom = req.sampling_params.custom_params or {}
-        theta = float(custom.get(FORCE_ACCEPT_PARAM, self.spexis_config.force_accept))
-        req.spexis_forced_theta = theta
-        return theta
+        with sp.stats.phases.phase("draft_sync"):
+            pending, sp.pending_drafts = sp.pending_drafts, []
+            for p in pending:
+                ids, conf, buckets = p.read()
+                rows = p.rows
+                sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
+                if buckets is not None:
+                    sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
+                    live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
+                    sp.length_bucket[rows.slot[live]] = buckets[live]
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
@@ -782,89 +727,69 @@ class SpexisScheduler(Scheduler):
         )
 
     def _force_accept_param_error(self, req: Req) -> Optional[str]:
-        """A request's ``custom_params.spexis_force_accept`` is only for the benchmark mode."""
-        custom = req.sampling_params.custom_params or {}
-        if FORCE_ACCEPT_PARAM not in custom:
-            return None
-        if not self.sp_enabled or self.spexis_config.force_accept is None:
-            return (
-                f"custom_params.{FORCE_ACCEPT_PARAM} needs a Spexis SP server started with "
-                "--spexis-benchmark-force-accept"
-            )
-        value = custom[FORCE_ACCEPT_PARAM]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            return f"custom_params.{FORCE_ACCEPT_PARAM} must be a number in [0, 1], got {value!r}"
-        return None
-
-    def _label_forced(self, req: Req) -> None:
-        """Tag every output token so the client sees it came from forced acceptance."""
-        if req.customized_info is None:
-            req.customized_info = {}
-        values = req.customized_info.setdefault(FORCED_LABEL, [])
-        values.extend([self._forced_theta(req)] * (len(req.output_ids) - len(values)))
-
-    def _forced_accept(self, req: Req, position: int, epoch: int) -> bool:
-        """Bernoulli(theta) from a hash of (seed, request, position, epoch): every rank draws
-        the same verdict without sharing a random stream."""
-        base = getattr(req, "spexis_forced_hash", None)
-        if base is None:
-            base = zlib.crc32(f"{self.sp_rng_seed}:{req.rid}".encode())
-            req.spexis_forced_hash = base
-        return _uniform64(base, position, epoch) < self._forced_theta(req)
+        mode_on = self.sp_enabled and self.spexis_config.force_accept is not None
+        return force_accept_param_error(req, mode_on)
 
     def sp_process_result(self, batch: ScheduleBatch, result, pp_outputs: PPProxyTensors):
         if getattr(batch, "spexis_kind", None) != "decode":
             self.process_batch_result(batch, result)
             self.sp_admit_prefilled(batch)
             return
-        rows: List[SpexisRow] = batch.spexis_rows
-        true_ids = pp_outputs["next_token_ids"].tolist()
-        draft_ids = pp_outputs[DRAFT_IDS_KEY].tolist()
+        sp = self.sp
+        rows: Rows = batch.spexis_rows
+        true_ids = pp_outputs["next_token_ids"].cpu().numpy().astype(np.int64, copy=False)
+        drafts = pp_outputs[PROXY_DRAFT_IDS].cpu().numpy().astype(np.int64, copy=False)
+        forced = sp.forced
+        if forced is not None:
+            # Benchmark-only: pretend the target agreed with the draft w.p. theta.
+            true_ids = forced.true_tokens(rows, true_ids, drafts, sp.slots.verifies_draft(rows))
+        res = sp.slots.on_result(true_ids, launched_drafts=drafts)
+        verdict = res.verdict
+        st = sp.stats
+        n_acc = int(np.count_nonzero(verdict == _ACCEPTED))
+        n_rej = int(np.count_nonzero(verdict == _REJECTED))
+        committed = np.flatnonzero(res.committed)
+        st.accepted += n_acc
+        st.rejected += n_rej
+        st.rows_stale += len(rows) - committed.size
+        st.tokens_committed += committed.size
+        if committed.size == 0:
+            return
+        # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
+        reqs = batch.reqs
         touched: List[Req] = []
-        force = self.spexis_config.force_accept is not None
-        for i, (row, y, d) in enumerate(zip(rows, true_ids, draft_ids)):
-            req = row.req
-            if force and req.rid in self.sp and self.sp.num_unverified(req.rid) > 0:
-                # Benchmark-only: pretend the target agreed with the draft w.p. theta.
-                if self._forced_accept(req, row.position, row.epoch):
-                    y = d
-                elif y == d:
-                    y = (d + 1) % self.model_config.vocab_size
-            outcome = self.sp.on_result(req.rid, row.position, row.epoch, y, launched_draft=d)
-            if outcome is Outcome.STALE:
-                self.sp_stats.rows_stale += 1
-                continue
-            if outcome is Outcome.ACCEPTED:
-                self.sp_stats.accepted += 1
-            elif outcome is Outcome.REJECTED:
-                self.sp_stats.rejected += 1
-            self.sp_stats.tokens_committed += 1
-            req.kv_committed_len = row.position + 1
-            req.output_ids.append(int(y))
+        finished: List[Req] = []
+        for i, token, position in zip(
+            committed.tolist(), true_ids[committed].tolist(), rows.position[committed].tolist()
+        ):
+            req = reqs[i]
+            req.kv_committed_len = position + 1
+            req.output_ids.append(token)
             if logprobs is not None:  # a committed row: its prefix is verified
-                logprobs.record(req, i, y)
-            if force:
-                self._label_forced(req)
+                logprobs.record(req, i, token)
+            if forced is not None:
+                forced.label_one(req)
             req.time_stats.set_last_decode_finish_time()
             req.update_finish_state(1)
             if req.finished():
-                self.sp.remove(req.rid)
-                self.sp_finished_waiting_drain[req.rid] = req
-                self.sp_running_batch.batch_is_full = False
+                finished.append(req)
             touched.append(req)
-        if touched:
-            self.output_streamer.stream_output(touched, logprobs is not None)
+        for req in finished:
+            self._sp_release(req, retracted=False)
+        self.output_streamer.stream_output(touched, logprobs is not None)
         self.metrics_reporter.num_generated_tokens += len(touched)
 
     def sp_admit_prefilled(self, batch: ScheduleBatch) -> None:
         """Requests whose prefill result is in start decoding under SP."""
+        sp = self.sp
         if batch.chunked_req is not None:
             # As stock SGLang does when it filters a chunked request out of a finished
             # prefill batch: the admission limit hit while that request was in flight no
             # longer holds. (Without this, SP's single running batch stayed "full" until a
             # request finished, leaving the last of 512 requests queued for a whole wave.)
-            self.sp_running_batch.batch_is_full = False
+            sp.running.batch_is_full = False
+        context = self.req_to_token_pool.req_to_token.shape[1]
         for req in batch.reqs:
             if req.finished() or req.is_retracted or req.inflight_middle_chunks > 0:
                 continue
@@ -872,34 +797,65 @@ class SpexisScheduler(Scheduler):
             # request keeps its output_ids, so "has output" does not mean "prefilled".)
             if req is batch.chunked_req or req is self.chunked_req:
                 continue
-            if req.rid in self.sp or not req.output_ids:
+            slot = req.req_pool_idx
+            if slot is None or sp.req_at[slot] is req or not req.output_ids:
                 continue
-            if self.sp.is_draining(req.rid):
+            if slot in sp.draining:
                 continue
-            verified = len(req.origin_input_ids) + len(req.output_ids)
-            self.sp.add(req.rid, verified, int(req.output_ids[-1]))
-            if self.spexis_config.force_accept is not None:
-                self._label_forced(req)
-            self.sp_running_batch.reqs.append(req)
+            prompt_len = len(req.origin_input_ids)
+            max_new = req.sampling_params.max_new_tokens
+            limit = min(context, NO_LIMIT if max_new is None else prompt_len + max_new)
+            verified = prompt_len + len(req.output_ids)
+            if req.kv.kv_allocated_len != verified - 1:
+                # SlotState assumes the prefill left KV for exactly the verified tokens but
+                # the last (needs_slot); anything else would leak or overwrite KV slots
+                raise RuntimeError(
+                    f"Spexis: request {req.rid} starts decoding with KV for "
+                    f"{req.kv.kv_allocated_len} positions, expected {verified - 1}"
+                )
+            sp.slots.admit(slot, verified, req.output_ids[-1], limit)
+            sp.req_at[slot] = req
+            sp.length_bucket[slot] = -1
+            if sp.sampling is not None:
+                sp.sampling.admit(slot, req)
+            if sp.forced is not None:
+                sp.forced.admit(slot, req, int(sp.slots.epoch(slot)[0]))
+                sp.forced.label(req)
+            sp.running.reqs.append(req)
+
+    def _sp_release(self, req: Req, retracted: bool) -> None:
+        """Stop a request's rows; its KV is freed once the rows in flight have drained."""
+        sp = self.sp
+        slot = req.req_pool_idx
+        allocated = int(sp.slots.allocated_len(slot)[0])
+        req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, allocated)
+        sp.slots.release(slot)
+        sp.req_at[slot] = None
+        sp.draining[slot] = (req, retracted)
+        sp.released_since_filter = True
+        sp.running.batch_is_full = False
 
     def sp_release_drained(self) -> None:
         """Free the KV of finished / retracted requests whose in-flight rows have all returned."""
-        for rid in self.sp.pop_drained():
-            self.sp_length_bucket.pop(rid, None)
-            req = self.sp_finished_waiting_drain.pop(rid, None)
-            if req is not None:
-                self._sp_free_unverified_slots(req)
-                release_kv_cache(req, self.tree_cache)
-                req.time_stats.set_completion_time()
-            else:
-                req = self.sp_retracted_waiting_drain.pop(rid, None)
-                if req is None:
-                    continue
-                self._sp_free_unverified_slots(req)
+        sp = self.sp
+        drained = sp.slots.pop_drained()
+        if drained.size == 0:
+            return
+        for slot in drained.tolist():
+            sp.length_bucket[slot] = -1
+            entry = sp.draining.pop(slot, None)
+            if entry is None:
+                continue
+            req, retracted = entry
+            self._sp_free_unverified_slots(req)
+            if retracted:
                 release_kv_cache(req, self.tree_cache, is_insert=False)
                 req.reset_for_retract()
                 self._add_request_to_queue(req, is_retracted=True)
-            self.sp_running_batch.batch_is_full = False
+            else:
+                release_kv_cache(req, self.tree_cache)
+                req.time_stats.set_completion_time()
+        sp.running.batch_is_full = False
 
     def _sp_free_unverified_slots(self, req: Req) -> None:
         if req.kv is None or req.req_pool_idx is None:
@@ -912,19 +868,20 @@ class SpexisScheduler(Scheduler):
 
     # ------------------------------------------------------------------ observability
     def sp_maybe_log(self) -> None:
-        if self.sp_metrics is not None and self.sp_stats.decode_iterations:
-            self.sp_metrics.update(self.sp_stats.as_dict())
+        stats = self.sp.stats
+        if self.sp_metrics is not None and stats.decode_iterations:
+            self.sp_metrics.update(stats.as_dict())
         interval = self.spexis_config.log_interval
-        if interval <= 0 or not self.sp_rank0:
+        if interval <= 0 or not self.sp.rank0:
             return
         now = time.monotonic()
         if now - self.sp_last_log < interval:
             return
-        if self.sp_stats.decode_iterations == self.sp_last_logged_iterations:
+        if stats.decode_iterations == self.sp_last_logged_iterations:
             return  # nothing new to say (idle)
         self.sp_last_log = now
-        self.sp_last_logged_iterations = self.sp_stats.decode_iterations
-        s = self.sp_stats.as_dict()
+        self.sp_last_logged_iterations = stats.decode_iterations
+        s = stats.as_dict()
         logger.info(
             ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
@@ -942,11 +899,8 @@ class SpexisScheduler(Scheduler):
 
     def get_internal_state(self, recv_req):
         ret = super().get_internal_state(recv_req)
-        if self.sp_enabled and hasattr(self, "sp_stats"):
-            try:
-                ret.internal_state["spexis"] = self.sp_stats.as_dict()
-            except AttributeError:
-                pass
+        if self.sp_enabled and self.sp is not None:
+            ret.internal_state["spexis"] = self.sp.stats.as_dict()
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()

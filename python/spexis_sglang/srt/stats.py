@@ -23,20 +23,22 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Sequence
 
 logger = logging.getLogger(__name__)
 
-PHASE_TIMERS_ENV = "SPEXIS_PHASE_TIMERS"
+from spexis_sglang.srt.config import ENV_PHASE_TIMERS, env_flag
+
+PHASE_TIMERS_ENV = ENV_PHASE_TIMERS  # the name benchmarks set
 
 # the SP loop's phases, in loop order (sp_scheduler.event_loop_sp)
 SP_PHASES = ("schedule", "draft_sync", "launch", "wait_output", "process", "send")
 
 
 def phase_timers_enabled() -> bool:
-    return os.environ.get(PHASE_TIMERS_ENV, "0") == "1"
+    return env_flag(ENV_PHASE_TIMERS)
 
 
 class _Span:
@@ -237,4 +239,58 @@ class StockPPPhaseTimers:
             "decode_rows": self.decode_rows,
         }
         d.update(self.timer.as_dict())
+        return d
+
+
+@dataclass
+class SpexisStats:
+    """Counters behind the metrics (acceptance, effective batch, row kinds)."""
+
+    iterations: int = 0
+    decode_iterations: int = 0
+    rows_normal: int = 0
+    rows_spec: int = 0
+    rows_stale: int = 0
+    tokens_committed: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    drafts_dropped: int = 0
+    # look-ahead admission: requests delayed at least once, iterations that held some back
+    admissions_delayed: int = 0
+    admission_gated_iterations: int = 0
+    # decode rows the length predictor said end within 64 tokens (bucket >= 0)
+    rows_predicted_ending: int = 0
+    # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every
+    # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
+    decode_graph_replays: int = 0
+    decode_eager_forwards: int = 0
+    # This rank's event loop by phase (seconds, cumulative), wall (time_*_s: where an iteration
+    # goes, waits included) and thread CPU (cpu_*_s: what the loop itself costs); exported flat
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)
+
+    @property
+    def acceptance_rate(self) -> float:
+        n = self.accepted + self.rejected
+        return self.accepted / n if n else 0.0
+
+    @property
+    def rows(self) -> int:
+        return self.rows_normal + self.rows_spec
+
+    @property
+    def effective_batch_ratio(self) -> float:
+        """Committed tokens per launched decode row (1.0 = no row wasted)."""
+        return self.tokens_committed / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> Dict[str, float]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}
+        d.update(self.phases.as_dict())
+        d["acceptance_rate"] = self.acceptance_rate
+        d["effective_batch_ratio"] = self.effective_batch_ratio
+        d["avg_rows_per_decode_iteration"] = (
+            self.rows / self.decode_iterations if self.decode_iterations else 0.0
+        )
+        d["avg_tokens_per_decode_iteration"] = (
+            self.tokens_committed / self.decode_iterations if self.decode_iterations else 0.0
+        )
         return d

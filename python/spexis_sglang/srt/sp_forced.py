@@ -1,0 +1,123 @@
+"""Benchmark-only forced acceptance (``--spexis-benchmark-force-accept``), one batch at a time.
+
+With dummy weights the draft head never agrees with the target, so throughput at a realistic
+acceptance rate Θ is measured by pretending: a row built on a draft accepts it with
+probability Θ, whatever the model said. Every rank must draw the same verdict without sharing
+a random stream, so the draw is a hash of (seed, request id, position, epoch) turned into a
+uniform number (splitmix64's finaliser), computed for a whole batch with numpy. The epoch is
+counted from the request's admission, so the draws do not depend on which slot it got.
+Outputs in this mode are not the model's: every token is labelled (``FORCED_LABEL``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Optional
+
+import numpy as np
+from sglang.srt.managers.schedule_batch import Req
+
+from spexis_sglang.core.slot_state import Rows
+from spexis_sglang.srt.protocol import FORCE_ACCEPT_PARAM, FORCED_LABEL
+
+__all__ = ["ForcedAcceptance", "force_accept_param_error", "uniform64"]
+
+_C1 = np.uint64(0x9E3779B97F4A7C15)
+_C2 = np.uint64(0xBF58476D1CE4E5B9)
+_C3 = np.uint64(0x94D049BB133111EB)
+_MASK64 = (1 << 64) - 1
+
+
+def uniform64(base: np.ndarray, position: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+    """Uniform numbers in [0, 1) from three uint64 arrays (splitmix64's finaliser).
+
+    Unsigned arithmetic wraps modulo 2**64, as the hash wants."""
+    with np.errstate(over="ignore"):
+        x = base * _C1 + position * _C2 + epoch * _C3
+        x ^= x >> np.uint64(30)
+        x *= _C2
+        x ^= x >> np.uint64(27)
+        x *= _C3
+        x ^= x >> np.uint64(31)
+    return x.astype(np.float64) / 18446744073709551616.0
+
+
+def uniform64_scalar(base: int, position: int, epoch: int) -> float:
+    """:func:`uniform64` for one row, in Python integers (the reference for tests)."""
+    x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
+    x &= _MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x / 18446744073709551616.0
+
+
+def force_accept_param_error(req: Req, mode_on: bool) -> Optional[str]:
+    """A request's ``custom_params.spexis_force_accept`` is only for the benchmark mode."""
+    custom = req.sampling_params.custom_params or {}
+    if FORCE_ACCEPT_PARAM not in custom:
+        return None
+    if not mode_on:
+        return (
+            f"custom_params.{FORCE_ACCEPT_PARAM} needs a Spexis SP server started with "
+            "--spexis-benchmark-force-accept"
+        )
+    value = custom[FORCE_ACCEPT_PARAM]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return f"custom_params.{FORCE_ACCEPT_PARAM} must be a number in [0, 1], got {value!r}"
+    return None
+
+
+class ForcedAcceptance:
+    """Per-slot hash base, epoch origin and Θ of the requests decoding under SP."""
+
+    def __init__(self, capacity: int, seed: int, default_theta: float, vocab_size: int) -> None:
+        self.seed = seed
+        self.default_theta = default_theta
+        self.vocab_size = vocab_size
+        self._base = np.zeros(capacity, dtype=np.uint64)
+        self._epoch0 = np.zeros(capacity, dtype=np.int64)
+        self._theta = np.zeros(capacity, dtype=np.float64)
+
+    def theta(self, req: Req) -> float:
+        """The request's Θ: its ``custom_params`` value (validated on arrival), else the
+        server's."""
+        custom = req.sampling_params.custom_params or {}
+        return float(custom.get(FORCE_ACCEPT_PARAM, self.default_theta))
+
+    def admit(self, slot: int, req: Req, epoch: int) -> None:
+        self._base[slot] = zlib.crc32(f"{self.seed}:{req.rid}".encode())
+        self._epoch0[slot] = epoch
+        self._theta[slot] = self.theta(req)
+
+    def true_tokens(
+        self, rows: Rows, true_ids: np.ndarray, drafts: np.ndarray, built_on_draft: np.ndarray
+    ) -> np.ndarray:
+        """The tokens verification should see: for a row whose next position carries a
+        launched draft, the draft with probability Θ, otherwise a token that differs from it."""
+        s = rows.slot
+        u = uniform64(
+            self._base[s],
+            rows.position.astype(np.uint64),
+            (rows.epoch - self._epoch0[s]).astype(np.uint64),
+        )
+        accept = u < self._theta[s]
+        rejected = np.where(true_ids == drafts, (drafts + 1) % self.vocab_size, true_ids)
+        return np.where(built_on_draft, np.where(accept, drafts, rejected), true_ids)
+
+    def label(self, req: Req) -> None:
+        """Tag every output token so the client sees it came from forced acceptance (on
+        admission: the tokens so far)."""
+        if req.customized_info is None:
+            req.customized_info = {}
+        values = req.customized_info.setdefault(FORCED_LABEL, [])
+        values.extend([float(self._theta[req.req_pool_idx])] * (len(req.output_ids) - len(values)))
+        req.spexis_forced_labels = (values, values[-1] if values else self.theta(req))
+
+    @staticmethod
+    def label_one(req: Req) -> None:
+        """Tag the token just committed (after :meth:`label` on admission)."""
+        values, theta = req.spexis_forced_labels
+        values.append(theta)
