@@ -52,7 +52,11 @@ import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
-from sglang.srt.model_executor.forward_batch_info import ForwardMode, PPProxyTensors
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardMode,
+    PPProxyTensors,
+)
 from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.utils import DynamicGradMode
 
@@ -137,6 +141,9 @@ class SPLoopState:
     forced: Optional[ForcedAcceptance]
     #: latest remaining-length bucket per slot (stage 0, with a length predictor; -1: none)
     length_bucket: np.ndarray
+    #: the request returns nothing but tokens (no logprobs, hidden states or grammar): a
+    #: batch of such requests is built without scanning them (_sp_decode_batch)
+    plain: np.ndarray
     rank0: bool
     stats: SpexisStats = field(default_factory=SpexisStats)
     iteration: int = 0
@@ -226,6 +233,7 @@ class SpexisScheduler(Scheduler):
             sampling=SlotSampling(capacity, vocab) if self.pp_group.is_last_rank else None,
             forced=forced,
             length_bucket=np.full(capacity, -1, dtype=np.int64),
+            plain=np.zeros(capacity, dtype=bool),
             rank0=self.pp_group.is_first_rank,
         )
         # Stock abort handling scans running_mbs and mbs for in-flight requests.
@@ -507,17 +515,36 @@ class SpexisScheduler(Scheduler):
     def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
         """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
         reqs = self.sp.req_at[rows.slot].tolist()
-        batch = ScheduleBatch.init_new(
-            reqs,
-            self.req_to_token_pool,
-            self.token_to_kv_pool_allocator,
-            self.tree_cache,
-            self.model_config,
-            False,
-            self.spec_algorithm,
-        )
+        if self.sp.plain[rows.slot].all():
+            # what init_new would find scanning every request: nothing to return but tokens
+            batch = ScheduleBatch(
+                reqs=reqs,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+                tree_cache=self.tree_cache,
+                model_config=self.model_config,
+                enable_overlap=False,
+                return_logprob=False,
+                has_grammar=False,
+                device=self.req_to_token_pool.device,
+                spec_algorithm=self.spec_algorithm,
+                return_hidden_states=False,
+                return_hidden_states_mode=CaptureHiddenMode.NULL,
+                is_prefill_only=False,
+            )
+            batch.top_logprobs_nums = batch.token_ids_logprobs = None
+        else:
+            batch = ScheduleBatch.init_new(
+                reqs,
+                self.req_to_token_pool,
+                self.token_to_kv_pool_allocator,
+                self.tree_cache,
+                self.model_config,
+                False,
+                self.spec_algorithm,
+            )
+            set_decode_logprob_fields(batch, reqs)
         batch.forward_mode = ForwardMode.DECODE
-        set_decode_logprob_fields(batch, reqs)
         meta_cpu = torch.from_numpy(np.stack([rows.token, rows.slot, rows.position]))
         device = self.req_to_token_pool.device
         meta = meta_cpu.to(device)
@@ -816,6 +843,11 @@ class SpexisScheduler(Scheduler):
             sp.slots.admit(slot, verified, req.output_ids[-1], limit)
             sp.req_at[slot] = req
             sp.length_bucket[slot] = -1
+            sp.plain[slot] = not (
+                req.return_logprob
+                or req.grammar is not None
+                or req.return_hidden_states_mode != CaptureHiddenMode.NULL
+            )
             if sp.sampling is not None:
                 sp.sampling.admit(slot, req)
             if sp.forced is not None:
