@@ -31,12 +31,24 @@ def exact(args: List[str]) -> List[str]:
     return [*args, *exact_test_args()]
 
 
+# servers handed to the running test: never stopped to make room for another of its servers
+_in_use: set = set()
+
+
 def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
-    """Stop the least recently used session servers while less than ``min_available`` is free."""
+    """Stop the least recently used session servers while less than ``min_available`` is free
+    (never one the running test holds: it is about to be used)."""
     for key in list(_servers):
         if psutil.virtual_memory().available >= min_available:
             return
-        _servers.pop(key).stop()
+        if key not in _in_use:
+            _servers.pop(key).stop()
+
+
+@pytest.fixture(autouse=True)
+def _release_servers_after_test():
+    yield
+    _in_use.clear()
 
 
 def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProcess:
@@ -48,6 +60,7 @@ def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProc
         _servers[key] = server
         server.wait_ready()
     _servers[key] = server  # most recently used
+    _in_use.add(key)
     return server
 
 
