@@ -130,6 +130,9 @@ def measure(
         "B": batch,
         "steady": steady(kind, c, rows_expected),
         "window_s": round(window, 2),
+        # the shared box's load average (1, 5, 15 min) at the window's end: CPU time is the
+        # measure because wall time moves with it
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "iterations": n,
         "rows_per_iteration": round(rows / n, 1),
         "cpu_ms_per_iteration": {p: round(1e3 * d[f"cpu_{p}_s"] / n, 3) for p in phases},
