@@ -23,8 +23,9 @@ What is measured
   ``T(rows) = a + b * rows`` (see *Latency* below).
 * **Batch** ``B``: the running requests (candidates plus normal rows), averaged the same way.
 
-Every count is exponentially decayed per iteration with half-life ``half_life`` iterations,
-so old data fades and a workload shift is followed in a few half-lives; nothing else ages.
+Every count is exponentially decayed per iteration with half-life ``half_life`` iterations
+(by default four choice intervals, 200 iterations at the default ``interval`` of 50), so old
+data fades and a workload shift is followed in a few half-lives; nothing else ages.
 
 Exploration
 -----------
@@ -111,6 +112,8 @@ AUTO_ALPHA_INTERVAL = 50
 AUTO_ALPHA_EXPLORE = 8
 #: alpha before the first choice (the low end of the paper's 0.15-0.3)
 AUTO_ALPHA_INITIAL = 0.15
+#: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
+HALF_LIFE_INTERVALS = 4
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -183,7 +186,8 @@ class OnlineAlpha:
         explore: every ``explore``-th iteration runs with ``alpha = 0`` (0 or 1: never; the
             bottom bins then keep their prior; used for observation-only trackers).
         initial: ``alpha`` until the first choice.
-        half_life: iterations after which a count weighs half.
+        half_life: iterations after which a count weighs half (default: ``4 * interval``,
+            so a choice rests mostly on the last few intervals).
         alphas: the grid the chooser evaluates.
         model: the chooser's steady-state model (``"exact"``: :func:`cost_model.sp_alpha_exact`,
             the mechanics the scheduler runs; ``"paper"``: Eq. 3-4).
@@ -203,7 +207,7 @@ class OnlineAlpha:
         interval: int = AUTO_ALPHA_INTERVAL,
         explore: int = AUTO_ALPHA_EXPLORE,
         initial: float = AUTO_ALPHA_INITIAL,
-        half_life: float = 300.0,
+        half_life: float | None = None,
         alphas: Sequence[float] = DEFAULT_ALPHA_GRID,
         model: str = "exact",
         bins: int = RANK_BINS,
@@ -221,6 +225,8 @@ class OnlineAlpha:
             raise ValueError(f"interval must be >= 1, got {interval}")
         if explore < 0:
             raise ValueError(f"explore must be >= 0, got {explore}")
+        if half_life is None:
+            half_life = HALF_LIFE_INTERVALS * interval
         if not half_life > 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
         if bins < 1:
@@ -404,6 +410,8 @@ class OnlineAlpha:
             "profile": list(prof.acceptance) if prof is not None else None,
             "acceptance_by_bin": [None if math.isnan(a) else a for a in self.acceptance_by_bin()],
             "verified_by_bin": self._verified.tolist(),
+            "accepted_by_bin": self._accepted.tolist(),
+            "decay": self.decay,
             "latency": (
                 None
                 if lat is None
