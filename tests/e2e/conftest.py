@@ -24,6 +24,9 @@ _servers: Dict[Tuple[str, ...], ServerProcess] = {}
 # what a starting float64 server needs with room to spare (the default model's PP=2 server
 # peaks near 4 GiB across its processes)
 MIN_AVAILABLE_BYTES = 7 * 2**30
+# SPEXIS_TEST_MAX_SERVERS=N: keep at most N session servers alive (a shared, busy machine);
+# unset or 0: as many as memory allows
+MAX_SERVERS = int(os.environ.get("SPEXIS_TEST_MAX_SERVERS") or 0)
 
 
 def exact(args: List[str]) -> List[str]:
@@ -34,7 +37,8 @@ def exact(args: List[str]) -> List[str]:
 def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
     """Stop the least recently used session servers while less than ``min_available`` is free."""
     for key in list(_servers):
-        if psutil.virtual_memory().available >= min_available:
+        too_many = MAX_SERVERS and len(_servers) >= MAX_SERVERS
+        if not too_many and psutil.virtual_memory().available >= min_available:
             return
         _servers.pop(key).stop()
 
