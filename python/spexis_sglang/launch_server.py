@@ -16,6 +16,12 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
+from spexis_sglang.core.online_alpha import (
+    AUTO_ALPHA_EXPLORE,
+    AUTO_ALPHA_INITIAL,
+    AUTO_ALPHA_INTERVAL,
+)
+
 logger = logging.getLogger(__name__)
 
 PROG = "python -m spexis_sglang.launch_server"
@@ -118,10 +124,32 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     )
     group.add_argument(
         "--spexis-alpha",
-        type=float,
-        default=0.0,
+        default="0",
+        metavar="ALPHA|auto",
         help="Selective speculation: fraction of drafts with the lowest confidence dropped "
-        "each iteration, in [0, 1). Default: 0.",
+        "each iteration, in [0, 1), or 'auto': stage 0 measures acceptance by confidence rank "
+        "and iteration time against rows while serving, and re-chooses alpha with the cost "
+        f"model every --spexis-alpha-interval iterations (starting at {AUTO_ALPHA_INITIAL}; "
+        "every --spexis-alpha-explore-th iteration drops nothing, so the ranks it would drop "
+        "are still measured). The alpha in force is in /server_info, the log line and the "
+        "spexis:alpha metric. Default: 0.",
+    )
+    group.add_argument(
+        "--spexis-alpha-interval",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"With --spexis-alpha auto: decode iterations between choices. Default: "
+        f"{AUTO_ALPHA_INTERVAL}.",
+    )
+    group.add_argument(
+        "--spexis-alpha-explore",
+        type=int,
+        default=None,
+        metavar="E",
+        help="With --spexis-alpha auto: every E-th decode iteration runs at alpha 0 (0 turns "
+        "exploration off; the dropped ranks' acceptance is then never re-measured). Default: "
+        f"{AUTO_ALPHA_EXPLORE}.",
     )
     group.add_argument(
         "--spexis-benchmark-force-accept",
@@ -180,8 +208,18 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     from spexis_sglang.srt.config import SpexisConfig
 
     head = args.spexis_draft_head
-    if not 0.0 <= args.spexis_alpha < 1.0:
-        raise LaunchError(f"--spexis-alpha must be in [0, 1), got {args.spexis_alpha}")
+    alpha, alpha_auto = parse_alpha(args.spexis_alpha)
+    interval, explore = args.spexis_alpha_interval, args.spexis_alpha_explore
+    if not alpha_auto and (interval is not None or explore is not None):
+        raise LaunchError(
+            "--spexis-alpha-interval and --spexis-alpha-explore need --spexis-alpha auto"
+        )
+    interval = AUTO_ALPHA_INTERVAL if interval is None else interval
+    explore = AUTO_ALPHA_EXPLORE if explore is None else explore
+    if interval < 1:
+        raise LaunchError(f"--spexis-alpha-interval must be >= 1, got {interval}")
+    if explore < 0:
+        raise LaunchError(f"--spexis-alpha-explore must be >= 0, got {explore}")
     if args.spexis_log_interval < 0:
         raise LaunchError("--spexis-log-interval must be >= 0")
     if args.spexis_lookahead_admission and args.spexis_length_predictor is None:
@@ -193,7 +231,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             f"--spexis-float64 is a CPU test mode (got --device {server_args.device})"
         )
     if head is None:
-        if args.spexis_alpha:
+        if alpha or alpha_auto:
             raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
         if args.spexis_benchmark_force_accept is not None:
             raise LaunchError("--spexis-benchmark-force-accept needs --spexis-draft-head")
@@ -250,7 +288,10 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         predictor = resolve_length_predictor(predictor, server_args)
     return SpexisConfig(
         draft_head=head,
-        alpha=args.spexis_alpha,
+        alpha=alpha,
+        alpha_auto=alpha_auto,
+        alpha_interval=interval,
+        alpha_explore=explore,
         force_accept=theta,
         log_interval=args.spexis_log_interval,
         length_predictor=predictor,
@@ -258,6 +299,20 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         admission_pdr=args.spexis_admission_pdr,
         float64=args.spexis_float64,
     )
+
+
+def parse_alpha(value: str) -> Tuple[float, bool]:
+    """``--spexis-alpha``: ``(alpha, auto)``; a number in [0, 1) or ``auto``."""
+    text = str(value).strip()
+    if text.lower() == "auto":
+        return 0.0, True
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = float("nan")
+    if not 0.0 <= alpha < 1.0:  # NaN fails too
+        raise LaunchError(f"--spexis-alpha must be a number in [0, 1) or 'auto', got {value!r}")
+    return alpha, False
 
 
 def _artifact_dir(value: str, where: str) -> str:

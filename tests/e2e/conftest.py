@@ -24,6 +24,10 @@ _servers: Dict[Tuple[str, ...], ServerProcess] = {}
 # what a starting float64 server needs with room to spare (the default model's PP=2 server
 # peaks near 4 GiB across its processes)
 MIN_AVAILABLE_BYTES = 7 * 2**30
+# SPEXIS_TEST_MAX_SERVERS=N: keep at most N session servers alive (a shared, busy machine);
+# unset or 0: as many as memory allows. A test that holds two servers at once (e.g. starts
+# its baseline and its SP server before querying either) needs N >= 2.
+MAX_SERVERS = int(os.environ.get("SPEXIS_TEST_MAX_SERVERS") or 0)
 
 
 def exact(args: List[str]) -> List[str]:
@@ -39,7 +43,8 @@ def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
     """Stop the least recently used session servers while less than ``min_available`` is free
     (never one the running test holds: it is about to be used)."""
     for key in list(_servers):
-        if psutil.virtual_memory().available >= min_available:
+        too_many = MAX_SERVERS and len(_servers) >= MAX_SERVERS
+        if not too_many and psutil.virtual_memory().available >= min_available:
             return
         if key not in _in_use:
             _servers.pop(key).stop()

@@ -24,6 +24,30 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
         ),
         (["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "1.5"], "[0, 1)"),
         (["--pp-size", "2", "--spexis-alpha", "0.2"], "needs --spexis-draft-head"),
+        (["--pp-size", "2", "--spexis-alpha", "auto"], "needs --spexis-draft-head"),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "often"],
+            "--spexis-alpha must be a number in [0, 1) or 'auto', got 'often'",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "nan"],
+            "--spexis-alpha must be a number in [0, 1) or 'auto'",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "0.2"]
+            + ["--spexis-alpha-interval", "10"],
+            "--spexis-alpha-interval and --spexis-alpha-explore need --spexis-alpha auto",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "auto"]
+            + ["--spexis-alpha-interval", "0"],
+            "--spexis-alpha-interval must be >= 1, got 0",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "auto"]
+            + ["--spexis-alpha-explore", "-1"],
+            "--spexis-alpha-explore must be >= 0, got -1",
+        ),
         (
             ["--pp-size", "2", "--spexis-draft-head", os.path.join(HEADS, "draft-exit7")],
             "'exit_layer' is 7 in the artifact but the server's stage 0 ends after layer 15",
@@ -85,6 +109,40 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
     assert launch_server.main(["--model-path", ensure_default_model(), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err, err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ([], (0.0, False, 50, 8)),
+        (["--spexis-alpha", "0.25"], (0.25, False, 50, 8)),
+        (["--spexis-alpha", "auto"], (0.0, True, 50, 8)),
+        (
+            ["--spexis-alpha=AUTO", "--spexis-alpha-interval", "20", "--spexis-alpha-explore", "0"],
+            (0.0, True, 20, 0),
+        ),
+    ],
+)
+def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
+    """A numeric alpha works as before; 'auto' turns the online choice on (issue 16)."""
+    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+
+    for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
+        monkeypatch.setenv(name, "")
+
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    _, cfg = prepare_server_args(argv + ["--spexis-draft-head", "random:0", *extra])
+    assert (cfg.alpha, cfg.alpha_auto, cfg.alpha_interval, cfg.alpha_explore) == expected
+    cfg.to_env()  # what the scheduler processes read back
+    assert get_config() == cfg
+
+
+def test_help_says_what_alpha_auto_does(capsys):
+    assert launch_server.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--spexis-alpha ALPHA|auto" in out and "re-chooses alpha with the cost model" in out
+    assert "--spexis-alpha-interval K" in out and "--spexis-alpha-explore E" in out
 
 
 def test_bundled_head_matches_stage0_of_pp2():

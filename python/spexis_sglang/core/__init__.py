@@ -10,6 +10,8 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
 * :mod:`.admission` — the gain ``G`` of delaying an admission and the admission policy.
 * :mod:`.selection` — which drafts to speculate on (drop the lowest ``alpha``) and the
   alpha chooser.
+* :mod:`.online_alpha` — the chooser's inputs measured while serving, alpha re-chosen
+  every few iterations (``--spexis-alpha auto``).
 * :mod:`.sp_state` — per-request epoch bookkeeping of speculative rows.
 * :mod:`.slot_state` — the same bookkeeping in numpy arrays by request slot, a batch per call
   (the scheduler's hot path; ``SPState`` is its test oracle).
@@ -39,6 +41,7 @@ from .cost_model import (
     throughput_tp,
 )
 from .lookahead import DEFAULT_THRESHOLDS, NO_BUCKET, LookaheadModel
+from .online_alpha import OnlineAlpha
 from .planner import (
     PlanRow,
     Profile,
@@ -69,6 +72,7 @@ __all__ = [
     "LatencyTable",
     "LookaheadModel",
     "NO_BUCKET",
+    "OnlineAlpha",
     "Outcome",
     "PlanRow",
     "Profile",

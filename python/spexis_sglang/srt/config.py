@@ -13,6 +13,8 @@ import json
 import os
 from typing import Optional
 
+from spexis_sglang.core.online_alpha import AUTO_ALPHA_EXPLORE, AUTO_ALPHA_INTERVAL
+
 ENV_CONFIG = "SPEXIS_CONFIG"
 # Read by the stage-0 model (draft head location), see srt/draft_model.py.
 ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
@@ -46,6 +48,13 @@ class SpexisConfig:
     draft_head: Optional[str] = None
     #: Fraction of drafts dropped each iteration (selective speculation, §5.1).
     alpha: float = 0.0
+    #: ``--spexis-alpha auto``: stage 0 chooses alpha online (``core.online_alpha``);
+    #: ``alpha`` is then unused.
+    alpha_auto: bool = False
+    #: With ``alpha_auto``: re-choose every this many decode iterations ...
+    alpha_interval: int = AUTO_ALPHA_INTERVAL
+    #: ... and run every this-many-th decode iteration at alpha 0 (0: never).
+    alpha_explore: int = AUTO_ALPHA_EXPLORE
     #: Benchmark-only: verification accepts a draft with this probability (None = real).
     force_accept: Optional[float] = None
     #: Seconds between the periodic Spexis statistics log lines (0 = never).

@@ -64,6 +64,13 @@ class SpexisMetrics:
             labelnames=names,
             multiprocess_mode="mostrecent",
         )
+        self.alpha = Gauge(
+            "spexis:alpha",
+            "Selective speculation's drop ratio in force on stage 0 (--spexis-alpha, or the "
+            "latest online choice under --spexis-alpha auto).",
+            labelnames=names,
+            multiprocess_mode="mostrecent",
+        )
         self._last: Dict[str, float] = {}
 
     def update(self, stats: Dict[str, float]) -> None:
@@ -94,3 +101,4 @@ class SpexisMetrics:
         self.acceptance.labels(**self.labels).set(stats["acceptance_rate"])
         self.effective_batch.labels(**self.labels).set(stats["avg_tokens_per_decode_iteration"])
         self.tokens_per_row.labels(**self.labels).set(stats["effective_batch_ratio"])
+        self.alpha.labels(**self.labels).set(stats["alpha"])

@@ -80,6 +80,7 @@ from spexis_sglang.srt.protocol import (
     PROXY_PREFIX,
     SpexisPlan,
 )
+from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
@@ -145,6 +146,8 @@ class SPLoopState:
     #: batch of such requests is built without scanning them (_sp_decode_batch)
     plain: np.ndarray
     rank0: bool
+    #: stage 0's drop ratio, fixed or chosen online (None on the other ranks)
+    alpha: Optional[AlphaController] = None
     stats: SpexisStats = field(default_factory=SpexisStats)
     iteration: int = 0
     #: released requests whose KV is freed once their rows have drained: slot -> (req, retracted)
@@ -235,7 +238,10 @@ class SpexisScheduler(Scheduler):
             length_bucket=np.full(capacity, -1, dtype=np.int64),
             plain=np.zeros(capacity, dtype=bool),
             rank0=self.pp_group.is_first_rank,
+            alpha=self._sp_make_alpha_controller(capacity),
         )
+        if self.sp.alpha is not None:
+            self.sp.alpha.update_stats(self.sp.stats)
         # Stock abort handling scans running_mbs and mbs for in-flight requests.
         self.running_mbs = [self.sp.running] * self.pp_loop_size
         self.sp_last_log = time.monotonic()
@@ -247,6 +253,28 @@ class SpexisScheduler(Scheduler):
             self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
         self.sp_admission_gate = self._sp_make_admission_gate()
+
+    def _sp_make_alpha_controller(self, capacity: int) -> Optional[AlphaController]:
+        """Stage 0's drop ratio: ``--spexis-alpha`` fixed, or ``auto`` (chosen online)."""
+        if not self.pp_group.is_first_rank:
+            return None
+        cfg = self.spexis_config
+        if cfg.alpha_auto:
+            logger.info(
+                "Spexis alpha auto: re-chosen every %d iterations, every %d-th iteration "
+                "explores at alpha 0",
+                cfg.alpha_interval,
+                cfg.alpha_explore,
+            )
+        return AlphaController(
+            capacity,
+            depth=self.pp_loop_size,
+            num_stages=self.ps.pp_size,
+            alpha=cfg.alpha,
+            auto=cfg.alpha_auto,
+            interval=cfg.alpha_interval,
+            explore=cfg.alpha_explore,
+        )
 
     def _sp_make_admission_gate(self):
         """Stage 0's look-ahead admission (``--spexis-lookahead-admission``), else None."""
@@ -488,6 +516,8 @@ class SpexisScheduler(Scheduler):
             return None
         self._sp_alloc_kv(rows)
         sp.slots.on_launch(rows)
+        if sp.alpha is not None:
+            sp.alpha.on_launch(rows, sp.iteration)
         st = sp.stats
         n_spec = int(np.count_nonzero(rows.is_spec))
         st.rows_spec += n_spec
@@ -602,7 +632,9 @@ class SpexisScheduler(Scheduler):
         later stages drop the same ones."""
         sp = self.sp
         if sp.rank0:
-            rows, dropped = sp.slots.select(rows, self.spexis_config.alpha)
+            running = self._sp_running_slots().shape[0]
+            rows, dropped = sp.alpha.select(sp.slots, rows, running)
+            sp.alpha.update_stats(sp.stats)
         else:
             dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
             if dropped.size:
@@ -772,6 +804,8 @@ class SpexisScheduler(Scheduler):
             true_ids = forced.true_tokens(rows, true_ids, drafts, sp.slots.verifies_draft(rows))
         res = sp.slots.on_result(true_ids, launched_drafts=drafts)
         verdict = res.verdict
+        if sp.alpha is not None:
+            sp.alpha.on_result(rows, verdict)
         st = sp.stats
         n_acc = int(np.count_nonzero(verdict == _ACCEPTED))
         n_rej = int(np.count_nonzero(verdict == _REJECTED))
@@ -917,7 +951,7 @@ class SpexisScheduler(Scheduler):
         logger.info(
             ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
-            "normal %d, spec %d, stale %d, dropped %d, delayed admissions %d",
+            "normal %d, spec %d, stale %d, dropped %d, alpha %.2f, delayed admissions %d",
             s["acceptance_rate"],
             s["effective_batch_ratio"],
             s["avg_rows_per_decode_iteration"],
@@ -926,6 +960,7 @@ class SpexisScheduler(Scheduler):
             s["rows_spec"],
             s["rows_stale"],
             s["drafts_dropped"],
+            s["alpha"],
             s["admissions_delayed"],
         )
 
@@ -933,6 +968,8 @@ class SpexisScheduler(Scheduler):
         ret = super().get_internal_state(recv_req)
         if self.sp_enabled and self.sp is not None:
             ret.internal_state["spexis"] = self.sp.stats.as_dict()
+            if self.sp.alpha is not None:
+                ret.internal_state["spexis_alpha"] = self.sp.alpha.as_dict()
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()

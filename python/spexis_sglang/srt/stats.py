@@ -264,6 +264,12 @@ class SpexisStats:
     # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
     decode_graph_replays: int = 0
     decode_eager_forwards: int = 0
+    # selective speculation on stage 0: the drop ratio in force (fixed, or the latest online
+    # choice under --spexis-alpha auto), how often the online choice changed it, and the
+    # iterations run at alpha 0 to explore the ranks it drops
+    alpha: float = 0.0
+    alpha_changes: int = 0
+    alpha_explore_iterations: int = 0
     # This rank's event loop by phase (seconds, cumulative), wall (time_*_s: where an iteration
     # goes, waits included) and thread CPU (cpu_*_s: what the loop itself costs); exported flat
     phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)

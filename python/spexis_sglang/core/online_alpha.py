@@ -1,0 +1,426 @@
+"""Selective speculation's drop ratio chosen online (``--spexis-alpha auto``, issue 16).
+
+The paper (§5.1) profiles acceptance against confidence rank offline and picks a fixed
+``alpha`` with the cost model. :class:`OnlineAlpha` keeps the chooser's two inputs live on
+stage 0 and re-runs the core's chooser (:func:`~.selection.choose_alpha`) every ``interval``
+iterations, so ``alpha`` reaches the offline optimum on a steady workload and follows a shift
+(a math-heavy load wants fewer drops than a translation-heavy one).
+
+What is measured
+----------------
+* **Acceptance by confidence rank** (Figure 9). The caller tags every *launched* speculative
+  row with the bin of its candidate's confidence rank among *all* candidates of its iteration,
+  before drops (:meth:`OnlineAlpha.rank_bins`: rank 0 = most confident, ties broken as
+  :func:`~.selection.select_drops` breaks them, rank ``r`` of ``C`` in bin
+  ``floor(r * bins / C)`` as ``train.report.rank_profile`` bins the offline profile). When the
+  row's draft is verified (ACCEPTED or REJECTED: the verdict of the row one position before
+  it), the caller reports the bin and the verdict (:meth:`OnlineAlpha.record_verdicts`).
+  Drafts that are never verified (their row went stale behind an earlier rejection) add
+  nothing, as in the offline profile, and the cost model's ``Theta`` is exactly the
+  acceptance of a verified draft.
+* **Iteration time against rows** (the chooser's ``T_sp(rows)``): one sample per iteration
+  (:meth:`OnlineAlpha.record_iteration`), fitted by weighted least squares as
+  ``T(rows) = a + b * rows`` (see *Latency* below).
+* **Batch** ``B``: the running requests (candidates plus normal rows), averaged the same way.
+
+Every count is exponentially decayed per iteration with half-life ``half_life`` iterations
+(by default four choice intervals, 200 iterations at the default ``interval`` of 50), so old
+data fades and a workload shift is followed in a few half-lives; nothing else ages.
+
+Exploration
+-----------
+Dropped drafts are never verified, so under ``alpha`` the lowest ``alpha`` fraction of ranks
+gets no new verdicts, and a shift that made those drafts better would go unseen (the estimate
+would keep its pre-shift value forever, or its prior). Every ``explore``-th iteration
+therefore runs with ``alpha = 0``: all candidates are launched, every bin gets verdicts, and
+those iterations' larger batches give the latency fit the spread of rows it needs to see a
+slope. The cost is a ``1/explore`` share of iterations at ``alpha = 0``, i.e. at most
+``1/explore`` of the (usually few percent) gain of the chosen ``alpha``. Alternatives
+considered: keeping a random share of the would-be drops in every iteration (spreads the
+same cost but needs a random source and gives no row spread); extrapolating the profile
+below the cut (unsafe exactly when the workload shifts).
+
+Estimates
+---------
+* Per bin ``j``: ``(accepted_j + w0 * m) / (verified_j + w0)``, decayed counts plus ``w0``
+  pseudo-drafts (``prior_weight``) at the pooled acceptance ``m`` of all bins; then made
+  non-increasing in rank by weighted isotonic regression (pool adjacent violators), since a
+  more confident draft is not less likely to be right. This keeps sparse bottom bins (seen in
+  explore iterations only) from making the chooser jumpy.
+* Latency: weighted least squares over the decayed samples. A sample above ``clip`` times the
+  current fit is clipped to it (the machine is shared; one preempted iteration must not move
+  the slope). ``a`` and ``b`` are clamped to ``>= 0`` (time never falls with rows). When the
+  rows barely varied (weighted standard deviation below ``max(min_spread, 2 %)`` of the mean
+  rows), the slope is not identified: the last identified fit is kept; if there never was
+  one, the latency is taken as flat (``b = 0``), under which dropping never pays, so
+  ``alpha`` goes to 0 until rows vary. Hence ``initial`` is above 0 (0.15, the low end of
+  the paper's range): its drops plus the explore iterations make the rows vary from the
+  start.
+
+Decision
+--------
+Every ``interval`` iterations, once at least ``min_verdicts`` (decayed) verdicts and
+``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T, grid,
+model)``. The new ``alpha`` replaces the current one only if its predicted throughput beats
+the current ``alpha``'s by more than ``margin`` (relative), so noise does not make ``alpha``
+flap between near-equal choices.
+
+Everything is deterministic given the sequence of calls (no clock, no random source; the
+caller passes the measured seconds).
+
+Typical driving sequence (stage 0, per decode iteration)::
+
+    oa = OnlineAlpha(num_stages=2)
+    alpha = oa.next_iteration(running=len(running))   # 0 on explore iterations
+    conf = candidate_confidence(spec_rows)            # the selection key, before drops
+    bins = oa.rank_bins(conf)
+    rows, dropped = select(rows, alpha)               # launch; remember each launched
+    ...                                               # speculative row's bin
+    oa.record_iteration(rows=mean_rows_in_pipe, seconds=since_last_launch)
+    oa.record_verdicts(bins_of_verified_drafts, accepted)   # when verdicts come back
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .selection import (
+    DEFAULT_ALPHA_GRID,
+    AlphaChoice,
+    RankAcceptanceProfile,
+    choose_alpha,
+)
+
+__all__ = [
+    "AUTO_ALPHA_EXPLORE",
+    "AUTO_ALPHA_INITIAL",
+    "AUTO_ALPHA_INTERVAL",
+    "LatencyFit",
+    "OnlineAlpha",
+    "isotonic_decreasing",
+    "rank_bins",
+]
+
+#: re-choose alpha every this many iterations (``--spexis-alpha-interval``)
+AUTO_ALPHA_INTERVAL = 50
+#: every this-many-th iteration runs with alpha = 0 (``--spexis-alpha-explore``)
+AUTO_ALPHA_EXPLORE = 8
+#: alpha before the first choice (the low end of the paper's 0.15-0.3)
+AUTO_ALPHA_INITIAL = 0.15
+#: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
+HALF_LIFE_INTERVALS = 4
+#: confidence-rank bins (tenths, as the offline Figure 9 profile)
+RANK_BINS = 10
+
+
+def rank_bins(confidences: Sequence[float] | np.ndarray, bins: int = RANK_BINS) -> np.ndarray:
+    """Confidence-rank bin of every candidate (int64; bin 0 holds the most confident).
+
+    Ranks follow :func:`~.selection.select_drops`'s order exactly: NaN is the lowest
+    confidence, and among equal confidences the later row ranks lower (is dropped first), so
+    the ``floor(alpha * C)`` rows that selection drops are the ``floor(alpha * C)`` lowest
+    ranks. Rank ``r`` of ``C`` falls in bin ``floor(r * bins / C)``.
+    """
+    conf = np.asarray(confidences, dtype=np.float64)
+    c = conf.shape[0]
+    out = np.empty(c, dtype=np.int64)
+    if c == 0:
+        return out
+    conf = np.where(np.isnan(conf), -np.inf, conf)
+    idx = np.arange(c)
+    drop_order = np.lexsort((-idx, conf))  # first = dropped first = lowest rank
+    rank = np.empty(c, dtype=np.int64)
+    rank[drop_order] = np.arange(c - 1, -1, -1)
+    return (rank * bins) // c
+
+
+def isotonic_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
+    v = [float(x) for x in values]
+    w = [float(x) for x in weights]
+    # blocks of (mean, weight, length), merged while a later block's mean exceeds an earlier's
+    means: list[float] = []
+    wts: list[float] = []
+    lens: list[int] = []
+    for x, wx in zip(v, w):
+        means.append(x)
+        wts.append(wx)
+        lens.append(1)
+        while len(means) > 1 and means[-1] > means[-2]:
+            m2, w2, l2 = means.pop(), wts.pop(), lens.pop()
+            m1, w1, l1 = means.pop(), wts.pop(), lens.pop()
+            wsum = w1 + w2
+            means.append((m1 * w1 + m2 * w2) / wsum if wsum > 0 else (m1 + m2) / 2)
+            wts.append(wsum)
+            lens.append(l1 + l2)
+    out: list[float] = []
+    for m, n in zip(means, lens):
+        out.extend([m] * n)
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class LatencyFit:
+    """``T(rows) = intercept + slope * rows`` seconds per iteration."""
+
+    intercept: float
+    slope: float
+    #: the slope was measured (False: flat fallback, no spread of rows seen yet)
+    identified: bool
+
+    def __call__(self, rows: float) -> float:
+        return self.intercept + self.slope * float(rows)
+
+
+class OnlineAlpha:
+    """Live acceptance-by-rank profile and latency fit; ``alpha`` re-chosen every ``interval``.
+
+    Args:
+        num_stages: pipeline stages ``N``.
+        interval: iterations between choices.
+        explore: every ``explore``-th iteration runs with ``alpha = 0`` (0 or 1: never; the
+            bottom bins then keep their prior; used for observation-only trackers).
+        initial: ``alpha`` until the first choice.
+        half_life: iterations after which a count weighs half (default: ``4 * interval``,
+            so a choice rests mostly on the last few intervals).
+        alphas: the grid the chooser evaluates.
+        model: the chooser's steady-state model (``"exact"``: :func:`cost_model.sp_alpha_exact`,
+            the mechanics the scheduler runs; ``"paper"``: Eq. 3-4).
+        bins: confidence-rank bins.
+        prior_weight: pseudo-drafts per bin at the pooled acceptance.
+        min_verdicts: decayed verdicts needed before the first choice.
+        min_samples: decayed latency samples needed before the first choice.
+        min_spread: rows; below this weighted standard deviation the slope is not identified.
+        clip: a latency sample above ``clip`` times the current fit is clipped to it.
+        margin: relative throughput gain a new ``alpha`` must predict over the current one.
+        history: choices kept for :meth:`as_dict` (iteration, alpha).
+    """
+
+    def __init__(
+        self,
+        num_stages: int,
+        interval: int = AUTO_ALPHA_INTERVAL,
+        explore: int = AUTO_ALPHA_EXPLORE,
+        initial: float = AUTO_ALPHA_INITIAL,
+        half_life: float | None = None,
+        alphas: Sequence[float] = DEFAULT_ALPHA_GRID,
+        model: str = "exact",
+        bins: int = RANK_BINS,
+        prior_weight: float = 2.0,
+        min_verdicts: float = 100.0,
+        min_samples: float = 20.0,
+        min_spread: float = 0.5,
+        clip: float = 2.0,
+        margin: float = 0.005,
+        history: int = 1000,
+    ) -> None:
+        if num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+        if interval < 1:
+            raise ValueError(f"interval must be >= 1, got {interval}")
+        if explore < 0:
+            raise ValueError(f"explore must be >= 0, got {explore}")
+        if half_life is None:
+            half_life = HALF_LIFE_INTERVALS * interval
+        if not half_life > 0:
+            raise ValueError(f"half_life must be > 0, got {half_life}")
+        if bins < 1:
+            raise ValueError(f"bins must be >= 1, got {bins}")
+        if model not in ("exact", "paper"):
+            raise ValueError(f"model must be 'exact' or 'paper', got {model!r}")
+        self.alphas = tuple(sorted(set(float(a) for a in alphas)))
+        if not self.alphas or not all(0.0 <= a < 1.0 for a in self.alphas):
+            raise ValueError("alphas must be a non-empty grid in [0, 1)")
+        if not 0.0 <= initial < 1.0:
+            raise ValueError(f"initial alpha must lie in [0, 1), got {initial}")
+        self.num_stages = int(num_stages)
+        self.interval = int(interval)
+        self.explore = int(explore)
+        self.half_life = float(half_life)
+        self.decay = 0.5 ** (1.0 / self.half_life)
+        self.model = model
+        self.bins = int(bins)
+        self.prior_weight = float(prior_weight)
+        self.min_verdicts = float(min_verdicts)
+        self.min_samples = float(min_samples)
+        self.min_spread = float(min_spread)
+        self.clip = float(clip)
+        self.margin = float(margin)
+
+        self.alpha = float(initial)
+        self.iteration = 0
+        self.explore_iterations = 0
+        self.choices = 0
+        self.changes = 0
+        self.last_choice: AlphaChoice | None = None
+        self.history: deque[tuple[int, float]] = deque(maxlen=history)
+        # decayed counts
+        self._verified = np.zeros(self.bins)
+        self._accepted = np.zeros(self.bins)
+        self._lat = np.zeros(5)  # W, Sx, Sy, Sxx, Sxy
+        self._batch = np.zeros(2)  # W, S(running)
+        self._fit: LatencyFit | None = None  # the last identified fit
+
+    # ------------------------------------------------------------------ per iteration
+    def next_iteration(self, running: int) -> float:
+        """Start an iteration with ``running`` requests; return its ``alpha``.
+
+        Ages every count by one iteration, re-chooses ``alpha`` every ``interval`` iterations,
+        and returns 0 on explore iterations (the current ``alpha`` otherwise).
+        """
+        self.iteration += 1
+        d = self.decay
+        self._verified *= d
+        self._accepted *= d
+        self._lat *= d
+        self._batch *= d
+        self._batch += (1.0, float(running))
+        if self.iteration % self.interval == 0:
+            self.choose()
+        if self.explore > 1 and self.iteration % self.explore == 0:
+            self.explore_iterations += 1
+            return 0.0
+        return self.alpha
+
+    def rank_bins(self, confidences: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Bin of every candidate of this iteration (see :func:`rank_bins`)."""
+        return rank_bins(confidences, self.bins)
+
+    def record_verdicts(self, bins: np.ndarray, accepted: np.ndarray) -> None:
+        """Verified drafts: the rank bin each was launched in and whether it was accepted."""
+        b = np.asarray(bins, dtype=np.int64)
+        if b.size == 0:
+            return
+        if b.min() < 0 or b.max() >= self.bins:
+            raise ValueError(f"rank bins must lie in [0, {self.bins}), got {b}")
+        acc = np.asarray(accepted, dtype=bool)
+        self._verified += np.bincount(b, minlength=self.bins)
+        self._accepted += np.bincount(b, weights=acc.astype(np.float64), minlength=self.bins)
+
+    def record_iteration(self, rows: float, seconds: float) -> None:
+        """One iteration's wall time against the rows it carried."""
+        x, y = float(rows), float(seconds)
+        if not (math.isfinite(x) and math.isfinite(y)) or y <= 0 or x <= 0:
+            return
+        cur = self.latency()
+        if cur is not None and cur.identified:
+            y = min(y, self.clip * max(cur(x), 1e-12))
+        self._lat += (1.0, x, y, x * x, x * y)
+
+    # ------------------------------------------------------------------ estimates
+    @property
+    def batch(self) -> float:
+        """Decayed mean of the running requests (the chooser's ``B``)."""
+        w, s = self._batch
+        return float(s / w) if w > 0 else 0.0
+
+    @property
+    def verdicts(self) -> float:
+        """Decayed number of verified drafts."""
+        return float(self._verified.sum())
+
+    @property
+    def samples(self) -> float:
+        """Decayed number of latency samples."""
+        return float(self._lat[0])
+
+    def acceptance_by_bin(self) -> np.ndarray:
+        """Raw decayed acceptance per bin (NaN where nothing was verified)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self._verified > 0, self._accepted / self._verified, np.nan)
+
+    def profile(self) -> RankAcceptanceProfile | None:
+        """The smoothed, monotone acceptance-by-rank profile (None before any verdict)."""
+        n = self._verified.sum()
+        if n <= 0:
+            return None
+        pooled = float(self._accepted.sum() / n)
+        w = self._verified + self.prior_weight
+        est = (self._accepted + self.prior_weight * pooled) / w
+        est = np.clip(isotonic_decreasing(est, w), 0.0, 1.0)
+        return RankAcceptanceProfile(tuple(est.tolist()))
+
+    def latency(self) -> LatencyFit | None:
+        """The latency fit (None before any sample). See the module docstring."""
+        w, sx, sy, sxx, sxy = self._lat
+        if w <= 0:
+            return None
+        mx, my = sx / w, sy / w
+        var = max(sxx / w - mx * mx, 0.0)
+        spread = max(self.min_spread, 0.02 * mx)
+        if var >= spread * spread:
+            slope = max((sxy / w - mx * my) / var, 0.0)
+            intercept = my - slope * mx
+            if intercept < 0:  # time would vanish before zero rows: proportional instead
+                intercept, slope = 0.0, my / mx
+            self._fit = LatencyFit(intercept, slope, True)
+            return self._fit
+        if self._fit is not None:
+            return self._fit
+        return LatencyFit(my, 0.0, False)
+
+    # ------------------------------------------------------------------ choice
+    def ready(self) -> bool:
+        return self.verdicts >= self.min_verdicts and self.samples >= self.min_samples
+
+    def choose(self) -> float:
+        """Re-run the chooser now (done every ``interval`` iterations); returns ``alpha``."""
+        if not self.ready():
+            return self.alpha
+        profile, latency = self.profile(), self.latency()
+        if profile is None or latency is None or self.batch <= 0:
+            return self.alpha
+        best, evaluated = choose_alpha(
+            self.num_stages, self.batch, profile, latency, self.alphas, self.model
+        )
+        self.choices += 1
+        current = min(evaluated, key=lambda c: abs(c.alpha - self.alpha))
+        if best.alpha != self.alpha and best.throughput > current.throughput * (1 + self.margin):
+            self.alpha = best.alpha
+            self.changes += 1
+            self.last_choice = best
+        else:
+            self.last_choice = current
+        self.history.append((self.iteration, self.alpha))
+        return self.alpha
+
+    def as_dict(self) -> dict:
+        """Plain-JSON state for ``/server_info`` and benchmarks."""
+        prof = self.profile()
+        lat = self.latency()
+        last = self.last_choice
+        return {
+            "alpha": self.alpha,
+            "iteration": self.iteration,
+            "interval": self.interval,
+            "explore": self.explore,
+            "half_life": self.half_life,
+            "model": self.model,
+            "choices": self.choices,
+            "changes": self.changes,
+            "explore_iterations": self.explore_iterations,
+            "batch": self.batch,
+            "verdicts": self.verdicts,
+            "samples": self.samples,
+            "profile": list(prof.acceptance) if prof is not None else None,
+            "acceptance_by_bin": [None if math.isnan(a) else a for a in self.acceptance_by_bin()],
+            "verified_by_bin": self._verified.tolist(),
+            "accepted_by_bin": self._accepted.tolist(),
+            "decay": self.decay,
+            "latency": (
+                None
+                if lat is None
+                else {
+                    "intercept_s": lat.intercept,
+                    "slope_s": lat.slope,
+                    "identified": lat.identified,
+                }
+            ),
+            "last_choice": None if last is None else last.__dict__.copy(),
+            "history": [list(h) for h in self.history],
+        }

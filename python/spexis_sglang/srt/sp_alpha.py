@@ -1,0 +1,145 @@
+"""Stage 0's drop ratio: a fixed ``--spexis-alpha`` or one chosen online (``auto``).
+
+:class:`AlphaController` sits between the SP loop and :meth:`SlotState.select` on stage 0
+(only stage 0 decides drops; the other ranks apply the dropped slots relayed in the plan, so
+nothing new travels). It feeds :class:`~spexis_sglang.core.online_alpha.OnlineAlpha` (read its
+module docstring for what is measured and how alpha is chosen) from three points of the loop:
+
+* :meth:`select` (building a decode batch): the iteration's alpha (0 on explore iterations),
+  and the confidence-rank bin of every candidate among *all* candidates, before drops (the
+  selection key ``SlotState.candidate_confidence``);
+* :meth:`on_launch` (the batch is launched): the bin of each launched speculative row goes
+  into a small per-slot ring indexed by ``position % depth``, as ``SlotState`` keeps its
+  drafts; the time since the previous decode launch is one latency sample;
+* :meth:`on_result` (its true tokens are back): a valid row at ``p`` whose verdict is
+  ACCEPTED or REJECTED verified the draft of the speculative row at ``p + 1``, launched in a
+  later iteration and still in flight, so its ring entry is still the one written at its
+  launch (a request has at most ``depth`` rows in flight, at consecutive positions).
+
+Latency samples: stage 0 measures the wall time between two consecutive decode launches (a
+prefill or an idle iteration between them discards the sample). In that time stage 0 ran its
+part of the newest batch while the later stages ran the batches before it, so the sample is
+set against the mean rows of the last ``depth`` decode batches (in a steady state, the rows of
+every batch; around an explore iteration, what the pipe actually held).
+
+With a fixed alpha the controller only observes (no explore iterations): the live profile and
+the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
+that is the offline choice for the current workload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Optional, Tuple
+
+import numpy as np
+
+from spexis_sglang.core.online_alpha import AUTO_ALPHA_INITIAL, OnlineAlpha
+from spexis_sglang.core.slot_state import Rows, SlotState, Verdict
+from spexis_sglang.srt.stats import SpexisStats
+
+__all__ = ["AlphaController"]
+
+_ACCEPTED, _REJECTED = int(Verdict.ACCEPTED), int(Verdict.REJECTED)
+
+
+class AlphaController:
+    """Stage 0's alpha and the live measurements behind ``--spexis-alpha auto``.
+
+    Args:
+        capacity: request slots (``SlotState.capacity``).
+        depth: rows a request may have in flight (``SlotState.depth``).
+        num_stages: pipeline stages.
+        alpha: the fixed drop ratio (ignored when ``auto``).
+        auto: choose alpha online.
+        interval, explore: see :class:`OnlineAlpha` (``explore`` applies with ``auto`` only).
+        clock: seconds (``time.perf_counter``; tests pass their own).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        depth: int,
+        num_stages: int,
+        alpha: float = 0.0,
+        auto: bool = False,
+        interval: int = 50,
+        explore: int = 8,
+        clock=time.perf_counter,
+    ) -> None:
+        self.auto = bool(auto)
+        self.fixed = float(alpha)
+        self.online = OnlineAlpha(
+            num_stages,
+            interval=interval,
+            explore=explore if self.auto else 0,
+            initial=AUTO_ALPHA_INITIAL if self.auto else self.fixed,
+        )
+        self.depth = int(depth)
+        self._clock = clock
+        # rank bin of the launched speculative row at (slot, position % depth)
+        self._ring = np.zeros((capacity, self.depth), dtype=np.int64)
+        # this iteration's candidates' bins, by slot (read back at launch)
+        self._candidate_bin = np.zeros(capacity, dtype=np.int64)
+        self._pipe_rows: deque[int] = deque(maxlen=self.depth)
+        self._last_launch: Optional[Tuple[int, float]] = None
+        self.iteration_alpha = self.alpha
+
+    @property
+    def alpha(self) -> float:
+        """The drop ratio in force (explore iterations aside)."""
+        return self.online.alpha if self.auto else self.fixed
+
+    def select(self, slots: SlotState, rows: Rows, running: int) -> Tuple[Rows, np.ndarray]:
+        """``SlotState.select`` at this iteration's alpha, recording the candidates' ranks."""
+        a = self.online.next_iteration(running)
+        self.iteration_alpha = a if self.auto else self.fixed
+        spec = rows.is_spec
+        if spec.any():
+            cs = rows.slot[spec]
+            self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
+        return slots.select(rows, self.iteration_alpha)
+
+    def on_launch(self, rows: Rows, iteration: int) -> None:
+        """A decode batch built at loop iteration ``iteration`` is launched."""
+        spec = rows.is_spec
+        if spec.any():
+            s = rows.slot[spec]
+            self._ring[s, rows.position[spec] % self.depth] = self._candidate_bin[s]
+        now = self._clock()
+        last = self._last_launch
+        if last is None or last[0] != iteration - 1:
+            self._pipe_rows.clear()  # a prefill or idle iteration in between
+        elif len(self._pipe_rows) == self.depth:
+            mean_rows = sum(self._pipe_rows) / self.depth
+            self.online.record_iteration(mean_rows, now - last[1])
+        self._pipe_rows.append(len(rows))
+        self._last_launch = (iteration, now)
+
+    def on_result(self, rows: Rows, verdict: np.ndarray) -> None:
+        """Verdicts of a returned batch: each ACCEPTED / REJECTED row verified the draft of
+        the speculative row one position later."""
+        verified = (verdict == _ACCEPTED) | (verdict == _REJECTED)
+        if not verified.any():
+            return
+        s = rows.slot[verified]
+        bins = self._ring[s, (rows.position[verified] + 1) % self.depth]
+        self.online.record_verdicts(bins, verdict[verified] == _ACCEPTED)
+
+    def update_stats(self, stats: SpexisStats) -> None:
+        """The alpha in force and the chooser's counters, for the log line and metrics."""
+        stats.alpha = self.alpha
+        stats.alpha_changes = self.online.changes
+        stats.alpha_explore_iterations = self.online.explore_iterations
+
+    def as_dict(self) -> dict:
+        """The live state (``/server_info`` ``internal_states[0]["spexis_alpha"]``)."""
+        d = self.online.as_dict()
+        d["mode"] = "auto" if self.auto else "fixed"
+        d["alpha"] = self.alpha
+        if not self.auto:
+            # what the chooser would pick from what it saw (meaningful at alpha 0, where every
+            # rank is launched and verified)
+            d["recommended_alpha"] = self.online.alpha
+        return d

@@ -1,0 +1,230 @@
+"""Online alpha (issue 16): the live profile and latency fit, and the chooser they drive.
+
+The synthetic workload knows its own truth: candidates' acceptance depends only on their
+confidence-rank bin (a given profile, as in the paper's Figure 9) and an iteration's time is
+an affine function of its rows plus noise. Its offline optimum is the core's chooser run on
+that truth; the online chooser must reach it on a steady workload and follow a shift.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spexis_sglang.core.cost_model import sp_alpha_exact
+from spexis_sglang.core.online_alpha import (
+    LatencyFit,
+    OnlineAlpha,
+    isotonic_decreasing,
+    rank_bins,
+)
+from spexis_sglang.core.selection import (
+    RankAcceptanceProfile,
+    choose_alpha,
+    num_dropped,
+    select_drops,
+)
+
+# a math-like load (drafts mostly right, even low-ranked ones) and a translation-like one
+MATH = (0.95, 0.92, 0.9, 0.88, 0.85, 0.8, 0.75, 0.7, 0.5, 0.3)
+TRANSLATION = (0.6, 0.45, 0.3, 0.2, 0.12, 0.08, 0.05, 0.03, 0.01, 0.0)
+N, B = 2, 16
+LATENCY = LatencyFit(intercept=2.0, slope=1.0 / 16, identified=True)
+
+
+def offline_best(profile: tuple[float, ...]):
+    best, evaluated = choose_alpha(N, B, RankAcceptanceProfile(profile), LATENCY, model="exact")
+    return best, {round(c.alpha, 2): c.throughput for c in evaluated}
+
+
+def test_the_two_loads_want_different_alphas() -> None:
+    math_best, _ = offline_best(MATH)
+    tran_best, _ = offline_best(TRANSLATION)
+    assert math_best.alpha <= 0.1 and tran_best.alpha >= 0.4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    conf=st.lists(
+        st.sampled_from([0.0, 0.2, 0.5, 0.5, 0.9, float("nan")]) | st.floats(0, 1),
+        min_size=1,
+        max_size=40,
+    ),
+    percent=st.integers(0, 100),
+)
+def test_rank_bins_follow_the_selection_order(conf, percent) -> None:
+    """The rows select_drops drops are exactly the lowest ranks (ties and NaN included)."""
+    c = len(conf)
+    bins = rank_bins(conf, bins=c)  # one rank per bin: bin == rank
+    assert sorted(bins.tolist()) == list(range(c))
+    k = num_dropped(c, percent / 100)
+    dropped = select_drops(conf, percent / 100)
+    assert sorted(np.flatnonzero(bins >= c - k).tolist()) == dropped.tolist()
+    ten = rank_bins(conf, bins=10)
+    assert np.array_equal(ten, (bins * 10) // c)
+
+
+def test_isotonic_is_non_increasing_and_keeps_weighted_mass() -> None:
+    v = np.array([0.5, 0.7, 0.4, 0.45, 0.1, 0.3])
+    w = np.array([1.0, 3.0, 2.0, 2.0, 1.0, 1.0])
+    out = isotonic_decreasing(v, w)
+    assert np.all(np.diff(out) <= 1e-12)
+    assert np.isclose((out * w).sum(), (v * w).sum())
+    assert np.allclose(out[:2], (0.5 + 2.1) / 4)
+    mono = np.array([0.9, 0.5, 0.5, 0.1])
+    assert np.array_equal(isotonic_decreasing(mono, np.ones(4)), mono)
+
+
+def test_latency_fit_recovers_an_affine_cost_and_ignores_outliers() -> None:
+    oa = OnlineAlpha(N, half_life=1e6)
+    rng = np.random.default_rng(0)
+    for i in range(400):
+        x = 10 + (i % 7)
+        y = LATENCY(x) * (1 + 0.01 * rng.standard_normal())
+        if i % 50 == 49:
+            y *= 40  # a preempted iteration
+        oa.next_iteration(B)
+        oa.record_iteration(x, y)
+    fit = oa.latency()
+    assert fit.identified
+    assert fit.slope == pytest.approx(LATENCY.slope, rel=0.25)
+    assert fit.intercept == pytest.approx(LATENCY.intercept, rel=0.1)
+
+
+def test_constant_rows_give_a_flat_fallback_then_keep_the_last_identified_fit() -> None:
+    oa = OnlineAlpha(N, half_life=20)
+    for _ in range(100):
+        oa.next_iteration(B)
+        oa.record_iteration(16, 3.0)
+    fit = oa.latency()
+    assert not fit.identified and fit.slope == 0 and fit(100) == pytest.approx(3.0)
+    for i in range(100):
+        oa.next_iteration(B)
+        oa.record_iteration(12 + 4 * (i % 2), LATENCY(12 + 4 * (i % 2)))
+    identified = oa.latency()
+    assert identified.identified
+    assert identified.slope == pytest.approx(LATENCY.slope, rel=1e-6)
+    for _ in range(2000):  # rows stop varying: the slope is kept, not forgotten
+        oa.next_iteration(B)
+        oa.record_iteration(16, LATENCY(16))
+    kept = oa.latency()
+    assert kept.identified and kept.slope == pytest.approx(identified.slope, rel=1e-6)
+
+
+def test_profile_is_smoothed_monotone_and_none_without_data() -> None:
+    oa = OnlineAlpha(N, bins=4, prior_weight=2.0)
+    assert oa.profile() is None
+    oa.record_verdicts(np.array([0] * 10 + [1] * 10), np.array([1] * 9 + [0] + [1] * 10))
+    prof = oa.profile()
+    pooled = 19 / 20
+    assert prof.acceptance[2] == pytest.approx(pooled) and prof.acceptance[3] == prof.acceptance[2]
+    assert all(a >= b for a, b in zip(prof.acceptance, prof.acceptance[1:]))
+    with pytest.raises(ValueError):
+        oa.record_verdicts(np.array([4]), np.array([True]))
+
+
+def test_explore_schedule_and_interval() -> None:
+    oa = OnlineAlpha(N, interval=5, explore=4, initial=0.2)
+    alphas = [oa.next_iteration(B) for _ in range(12)]
+    assert alphas == [0.2, 0.2, 0.2, 0.0] * 3
+    assert oa.explore_iterations == 3
+    assert oa.choices == 0  # not enough data yet: alpha stays
+    never = OnlineAlpha(N, explore=0, initial=0.3)
+    assert {never.next_iteration(B) for _ in range(20)} == {0.3}
+
+
+class SyntheticLoad:
+    """Candidates' acceptance by rank bin is ``profile``; time is LATENCY(rows) + noise.
+
+    Rows of an iteration at drop ratio ``a`` follow the exact steady state (what the
+    scheduler's mechanics give, ``cost_model.sp_alpha_exact``) with a little noise; verdicts
+    come back ``N`` iterations after the launch, for the drafts whose chain was not broken
+    (a share ``theta`` of them)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def step(self, oa: OnlineAlpha, profile: tuple[float, ...]) -> None:
+        a = oa.next_iteration(B)
+        conf = self.rng.random(B)
+        bins = oa.rank_bins(conf)
+        keep = np.ones(B, dtype=bool)
+        keep[select_drops(conf, a)] = False
+        launched = bins[keep]
+        accepted = self.rng.random(launched.size) < np.asarray(profile)[launched]
+        verified = self.rng.random(launched.size) < 0.7  # the rest went stale
+        self.pending.append((launched[verified], accepted[verified]))
+        if len(self.pending) > N:
+            oa.record_verdicts(*self.pending.pop(0))
+        theta = RankAcceptanceProfile(profile).theta_alpha(a)
+        rows = sp_alpha_exact(B, N, theta, a).rows + 0.3 * self.rng.standard_normal()
+        oa.record_iteration(rows, LATENCY(rows) * (1 + 0.03 * self.rng.standard_normal()))
+
+
+def run(oa: OnlineAlpha, load: SyntheticLoad, profile, iterations: int) -> list[float]:
+    trace = []
+    for _ in range(iterations):
+        load.step(oa, profile)
+        trace.append(oa.alpha)
+    return trace
+
+
+@pytest.mark.parametrize("profile", [MATH, TRANSLATION], ids=["math", "translation"])
+def test_steady_load_reaches_the_offline_optimum(profile) -> None:
+    best, throughput = offline_best(profile)
+    oa = OnlineAlpha(N)
+    run(oa, SyntheticLoad(1), profile, 3000)
+    got = throughput[round(oa.alpha, 2)]
+    assert got >= 0.99 * best.throughput, (oa.alpha, best.alpha)
+    assert abs(oa.alpha - best.alpha) <= 0.1
+    assert oa.latency().identified
+    assert oa.profile().acceptance[0] == pytest.approx(profile[0], abs=0.05)
+
+
+def test_follows_a_shift_from_math_to_translation_and_back() -> None:
+    oa = OnlineAlpha(N)
+    load = SyntheticLoad(2)
+    math_best, math_tp = offline_best(MATH)
+    tran_best, tran_tp = offline_best(TRANSLATION)
+    run(oa, load, MATH, 2500)
+    assert math_tp[round(oa.alpha, 2)] >= 0.99 * math_best.throughput
+    trace = run(oa, load, TRANSLATION, 2500)
+    assert tran_tp[round(oa.alpha, 2)] >= 0.99 * tran_best.throughput
+    # it moved within a few half-lives, not at the end
+    first = next(
+        i for i, a in enumerate(trace) if tran_tp[round(a, 2)] >= 0.99 * tran_best.throughput
+    )
+    assert first <= 1500, first
+    run(oa, load, MATH, 2500)
+    assert math_tp[round(oa.alpha, 2)] >= 0.99 * math_best.throughput
+
+
+def test_deterministic_given_the_events() -> None:
+    a, b = OnlineAlpha(N), OnlineAlpha(N)
+    ta = run(a, SyntheticLoad(3), TRANSLATION, 800)
+    tb = run(b, SyntheticLoad(3), TRANSLATION, 800)
+    assert ta == tb and a.as_dict() == b.as_dict()
+
+
+def test_as_dict_is_plain_json() -> None:
+    import json
+
+    oa = OnlineAlpha(N)
+    run(oa, SyntheticLoad(4), MATH, 300)
+    d = json.loads(json.dumps(oa.as_dict()))
+    assert d["alpha"] == oa.alpha and len(d["profile"]) == 10
+    assert d["history"] and d["history"][-1][1] == oa.alpha
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        OnlineAlpha(0)
+    with pytest.raises(ValueError):
+        OnlineAlpha(N, interval=0)
+    with pytest.raises(ValueError):
+        OnlineAlpha(N, model="other")
+    with pytest.raises(ValueError):
+        OnlineAlpha(N, alphas=(0.1, 1.0))

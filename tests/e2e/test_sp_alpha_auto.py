@@ -1,0 +1,48 @@
+"""``--spexis-alpha auto`` on a real CPU server (issue 16): greedy outputs stay plain
+SGLang's, and the alpha the online chooser put in force is reported (``/server_info``,
+``/metrics``) and lies on the chooser's grid."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from spexis_sglang.core.selection import DEFAULT_ALPHA_GRID
+
+from .compare import compare_outputs
+from .prompts import lossless_prompts
+from .test_sp_lossless import BASELINE, sp_args
+
+pytestmark = pytest.mark.e2e
+
+AUTO = ["--spexis-alpha", "auto", "--spexis-alpha-interval", "10", "--enable-metrics"]
+
+
+def test_alpha_auto_greedy_equals_plain_and_alpha_is_reported(server_factory, model_dir):
+    prompts = lossless_prompts(model_dir, 16)
+    expected = server_factory(BASELINE).greedy_ids(prompts, 64)
+    sp_server = server_factory(sp_args(2, "bundled", *AUTO))
+    got = sp_server.greedy_ids(prompts, 64)
+    cmp = compare_outputs(model_dir, prompts, expected, got)
+    print("default model, PP=2 SP alpha auto vs PP=1 plain:", cmp.summary())
+
+    state = requests.get(sp_server.base_url + "/server_info", timeout=60).json()
+    stats = state["internal_states"][0]["spexis"]
+    live = state["internal_states"][0]["spexis_alpha"]
+    print(
+        f"alpha {stats['alpha']}, choices {live['choices']}, changes {live['changes']}, "
+        f"explore iterations {live['explore_iterations']}, history {live['history']}, "
+        f"profile {live['profile']}, latency {live['latency']}"
+    )
+    assert cmp.all_identical, cmp.summary()
+    assert live["mode"] == "auto" and live["alpha"] == stats["alpha"]
+    assert stats["alpha"] in DEFAULT_ALPHA_GRID
+    assert all(a in DEFAULT_ALPHA_GRID for _, a in live["history"])
+    # it measured, explored and chose: verdicts by rank, iteration times, alpha-0 iterations
+    assert live["verdicts"] > 0 and live["samples"] > 0
+    assert stats["alpha_explore_iterations"] == live["explore_iterations"] > 0
+    assert live["choices"] > 0
+    assert stats["drafts_dropped"] > 0  # it starts at 0.15: drops happened
+    metrics = requests.get(sp_server.base_url + "/metrics", timeout=60).text
+    line = next(m for m in metrics.splitlines() if m.startswith("spexis:alpha{"))
+    assert float(line.rsplit(" ", 1)[1]) == stats["alpha"]
