@@ -25,8 +25,8 @@ _servers: Dict[Tuple[str, ...], ServerProcess] = {}
 # peaks near 4 GiB across its processes)
 MIN_AVAILABLE_BYTES = 7 * 2**30
 # SPEXIS_TEST_MAX_SERVERS=N: keep at most N session servers alive (a shared, busy machine);
-# unset or 0: as many as memory allows. A test that holds two servers at once (e.g. starts
-# its baseline and its SP server before querying either) needs N >= 2.
+# unset or 0: as many as memory allows. The servers the running test holds are never stopped
+# (a test comparing a baseline with an SP server keeps both, whatever N says).
 MAX_SERVERS = int(os.environ.get("SPEXIS_TEST_MAX_SERVERS") or 0)
 
 
