@@ -28,7 +28,6 @@ CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
     ("--disable-cuda-graph", None),
     ("--max-total-tokens", "8192"),
     ("--sleep-on-idle", None),
-    ("--grammar-backend", "none"),
 ]
 
 _MODEL_FLAGS = ("--model-path", "--model")
