@@ -53,6 +53,7 @@ from sglang.srt.utils import DynamicGradMode
 
 from spexis_sglang.core.selection import select_drops
 from spexis_sglang.core.sp_state import Outcome, RowPlan, SPState
+from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import SpexisConfig, get_config
 from spexis_sglang.srt.draft_model import PROXY_LENGTH_BUCKET
 from spexis_sglang.srt.input_validation import request_input_error
@@ -78,10 +79,6 @@ FORCE_ACCEPT_PARAM = "spexis_force_accept"
 
 
 _MASK64 = (1 << 64) - 1
-
-
-# constrained decoding: SP rows neither advance nor check a grammar's state
-SP_UNSUPPORTED_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
 def _needs_slot(req: Req, row: RowPlan) -> bool:
@@ -267,6 +264,10 @@ class SpexisScheduler(Scheduler):
         self.sp_length_bucket: Dict[str, int] = {}
         self.sp_admit_cap: Optional[int] = None
         self.sp_admission_gate = self._sp_make_admission_gate()
+        # constrained decoding: stage 0 masks the drafts with the rows' grammars (sp_grammar)
+        self.sp_grammar_draft_mask = self.sp_rank0 and sp_grammar.draft_masking_enabled(
+            self.spexis_config, self.server_args
+        )
 
     def _sp_make_admission_gate(self):
         """Stage 0's look-ahead admission (``--spexis-lookahead-admission``), else None."""
@@ -554,7 +555,25 @@ class SpexisScheduler(Scheduler):
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
         self.sp_set_penalties(batch)
+        self.sp_set_grammar_masks(batch)
         return batch
+
+    def sp_set_grammar_masks(self, batch: ScheduleBatch) -> None:
+        """Constrained decoding: each row's grammar mask after its own drafts (``sp_grammar``),
+        for the sampler on the last stage and for the draft head on stage 0."""
+        if not batch.has_grammar:
+            return
+        last = self.pp_group.is_last_rank
+        if not (last or self.sp_grammar_draft_mask):
+            return
+        sp_grammar.set_decode_masks(
+            batch,
+            batch.spexis_rows,
+            self.sp.draft_tokens,
+            vocab_size=self.model_config.vocab_size,
+            sampling_rank=last,
+            draft_rank=self.sp_grammar_draft_mask,
+        )
 
     def sp_set_penalties(self, batch: ScheduleBatch) -> None:
         """The sampling rank's penalizers see each row's output prefix (``sp_penalties``).
@@ -767,18 +786,15 @@ class SpexisScheduler(Scheduler):
     def _sp_unsupported_error(self, req: Req) -> Optional[str]:
         """Sampling features SP would get wrong, refused instead of silently changed.
 
-        SP rows do not advance or check a grammar's state. (Penalties and
-        ``min_new_tokens`` are served: see ``sp_penalties``.)
+        Penalties and ``min_new_tokens`` are served (``sp_penalties``), and so are grammars of
+        SGLang's xgrammar backend (``sp_grammar``, which names what it refuses).
         """
         if not self.sp_enabled:
             return None
-        sp = req.sampling_params
-        used = [k for k in SP_UNSUPPORTED_GRAMMARS if getattr(sp, k, None) is not None]
-        if not used:
-            return None
-        return (
-            f"Spexis speculative parallelism does not support {', '.join(used)} yet; "
-            "send this request to a server without --spexis-draft-head"
+        return sp_grammar.grammar_request_error(
+            req.sampling_params,
+            req.grammar,
+            forced=self.spexis_config.force_accept is not None,
         )
 
     def _force_accept_param_error(self, req: Req) -> Optional[str]:
@@ -848,6 +864,7 @@ class SpexisScheduler(Scheduler):
                 self._label_forced(req)
             req.time_stats.set_last_decode_finish_time()
             req.update_finish_state(1)
+            sp_grammar.accept_committed(req, int(y))  # stock order: after the finish check
             if req.finished():
                 self.sp.remove(req.rid)
                 self.sp_finished_waiting_drain[req.rid] = req
