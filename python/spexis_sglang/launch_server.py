@@ -34,7 +34,6 @@ CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
     ("--disable-cuda-graph", None),
     ("--max-total-tokens", "8192"),
     ("--sleep-on-idle", None),
-    ("--grammar-backend", "none"),
 ]
 
 _MODEL_FLAGS = ("--model-path", "--model")
@@ -193,6 +192,15 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "(t_prefill / t_decode of one iteration). Default: 2.",
     )
     group.add_argument(
+        "--spexis-no-grammar-draft-mask",
+        dest="spexis_grammar_draft_mask",
+        action="store_false",
+        help="Constrained decoding (regex, JSON schema, EBNF, structural tags): let stage 0's "
+        "draft head draft tokens the request's grammar forbids (they are always rejected). "
+        "Default: drafts are masked with the grammar, in eager forwards (every CPU forward; "
+        "a GPU's decode CUDA graphs replay the head unmasked).",
+    )
+    group.add_argument(
         "--spexis-float64",
         action="store_true",
         help="TEST MODE, CPU only, with or without speculation: weights, activations and KV "
@@ -298,6 +306,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         lookahead_admission=args.spexis_lookahead_admission,
         admission_pdr=args.spexis_admission_pdr,
         float64=args.spexis_float64,
+        grammar_draft_mask=args.spexis_grammar_draft_mask,
     )
 
 

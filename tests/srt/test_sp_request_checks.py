@@ -20,9 +20,11 @@ DEFAULTS = dict(
 )
 
 
-def _error(sp_enabled: bool = True, **params):
-    scheduler = SimpleNamespace(sp_enabled=sp_enabled)
-    req = SimpleNamespace(sampling_params=SimpleNamespace(**{**DEFAULTS, **params}))
+def _error(sp_enabled: bool = True, force_accept=None, **params):
+    scheduler = SimpleNamespace(
+        sp_enabled=sp_enabled, spexis_config=SimpleNamespace(force_accept=force_accept)
+    )
+    req = SimpleNamespace(sampling_params=SimpleNamespace(**{**DEFAULTS, **params}), grammar=None)
     return SpexisScheduler._sp_unsupported_error(scheduler, req)
 
 
@@ -46,23 +48,31 @@ def test_penalties_and_min_new_tokens_are_served(params):
     assert _error(**params) is None
 
 
-@pytest.mark.parametrize(
-    "params, named",
-    [
-        (dict(regex="[ab]+"), "regex"),
-        (dict(json_schema="{}"), "json_schema"),
-        (dict(ebnf="root ::= 'a'"), "ebnf"),
-        (dict(structural_tag="{}"), "structural_tag"),
-        (dict(regex="a", presence_penalty=1.0), "regex"),
-        (dict(regex="a", ebnf="root ::= 'a'"), "regex, ebnf"),
-    ],
-)
-def test_each_unsupported_feature_is_named(params, named):
-    err = _error(**params)
+GRAMMAR_CASES = [
+    (dict(regex="[ab]+"), "regex"),
+    (dict(json_schema="{}"), "json_schema"),
+    (dict(ebnf="root ::= 'a'"), "ebnf"),
+    (dict(structural_tag="{}"), "structural_tag"),
+    (dict(regex="a", presence_penalty=1.0), "regex"),
+    (dict(regex="a", ebnf="root ::= 'a'"), "regex, ebnf"),
+]
+
+
+@pytest.mark.parametrize("params, named", GRAMMAR_CASES)
+def test_grammars_are_served(params, named):
+    """SP masks each row with its grammar after the row's own drafts (sp_grammar)."""
+    assert _error(**params) is None
+
+
+@pytest.mark.parametrize("params, named", GRAMMAR_CASES)
+def test_grammars_are_refused_by_name_in_the_forced_acceptance_mode(params, named):
+    err = _error(force_accept=0.7, **params)
     assert err == (
-        f"Spexis speculative parallelism does not support {named} yet; "
-        "send this request to a server without --spexis-draft-head"
+        f"Spexis --spexis-benchmark-force-accept does not support {named} (a forced "
+        "acceptance can commit a token the grammar forbids); send this request to a server "
+        "without it"
     )
+    assert _error(force_accept=0.7) is None
 
 
 def test_a_server_without_sp_serves_everything():

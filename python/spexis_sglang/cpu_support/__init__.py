@@ -8,6 +8,8 @@ What is needed there, and only there:
 * PyPI's torchvision wheel is a CUDA build whose ops do not load beside the CPU torch:
   declare the ``torchvision::nms`` schemas before its first import (no torchvision op runs
   on SGLang's text path);
+* constrained decoding: SGLang's xgrammar backend allocates its bitmask in pinned memory and
+  applies it with GPU kernels only; :mod:`.grammar` uses xgrammar's CPU kernel instead;
 * one OpenMP thread per process and passive waiting (PP ranks share the two cores);
 * start-up output a user can read: SGLang's per-module import errors of models that cannot
   load here become one summary line, and import-time warnings about CUDA-only features are
@@ -92,9 +94,11 @@ def install_startup_hooks() -> None:
         sys.path.insert(0, SHIM_DIR)
     _install_triton_stub()
     _declare_torchvision_schemas()
+    from spexis_sglang.cpu_support import grammar
     from spexis_sglang.cpu_support.quiet import quiet_startup
 
     quiet_startup()
+    grammar.install()
 
 
 def activate() -> bool:

@@ -93,6 +93,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def after_import(fullname: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once, right after the module ``fullname`` is first executed."""
+    sys.meta_path.insert(0, _AfterImport(fullname, callback))
+
+
 def _is_main_process() -> bool:
     return multiprocessing.parent_process() is None
 
@@ -117,5 +122,5 @@ def quiet_startup() -> Optional[SkippedModelImportsFilter]:
 
     if REGISTRY_MODULE in sys.modules:
         return skipped  # already imported: its messages are out, nothing to summarize
-    sys.meta_path.insert(0, _AfterImport(REGISTRY_MODULE, report))
+    after_import(REGISTRY_MODULE, report)
     return skipped

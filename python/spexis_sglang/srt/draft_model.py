@@ -17,6 +17,9 @@ The forward is exactly ``spexis_sglang.models.draft_head.DraftHead``'s (same par
     logits = x[last token of each sequence] @ embed_tokens.weight.T   # [:vocab_size]
     draft = argmax(logits), conf = max(softmax(logits)) (fp32)
 
+With constrained decoding, stage 0's scheduler may hand a decode batch's rows their grammar masks
+(``sp_grammar``): the forbidden logits are set to -inf before the argmax and the softmax.
+
 Unlike the torch reference (fp32 throughout) the SGLang head runs in the model's dtype, like the
 base layers; the softmax is fp32 and the LM-head matmul is fp32 with ``--enable-fp32-lm-head``.
 
@@ -57,6 +60,7 @@ from torch import nn
 
 from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value
 from spexis_sglang.srt.protocol import PROXY_DRAFT_CONF, PROXY_DRAFT_IDS, PROXY_LENGTH_BUCKET
+from spexis_sglang.srt.sp_grammar import draft_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -468,6 +472,10 @@ class SpexisDraftHead(nn.Module):
         if self.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)
         logits = logits[:, : self.vocab_size].float()
+        if not mode.is_extend():
+            draft_mask = draft_mask_of(forward_batch)
+            if draft_mask is not None:  # constrained decoding: draft what the grammar allows
+                draft_mask.apply(logits)
         top, ids = logits.max(dim=-1)
         conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
         return ids.to(torch.int64), conf.to(torch.float32), last

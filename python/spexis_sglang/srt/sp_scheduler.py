@@ -58,9 +58,11 @@ from sglang.srt.model_executor.forward_batch_info import (
     PPProxyTensors,
 )
 from sglang.srt.runtime_context import get_observability, get_parallel
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import DynamicGradMode
 
 from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
+from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
     ENV_PROFILE_LOOP,
     ENV_SYNC_DRAFT_READ,
@@ -94,9 +96,6 @@ from spexis_sglang.srt.stats import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler", "SpexisStats"]
-
-# constrained decoding: SP rows neither advance nor check a grammar's state
-SP_UNSUPPORTED_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 _ACCEPTED, _REJECTED, _STALE = int(Verdict.ACCEPTED), int(Verdict.REJECTED), int(Verdict.STALE)
 
@@ -253,6 +252,10 @@ class SpexisScheduler(Scheduler):
             self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
         self.sp_admission_gate = self._sp_make_admission_gate()
+        # constrained decoding: stage 0 masks the drafts with the rows' grammars (sp_grammar)
+        self.sp_grammar_draft_mask = self.sp.rank0 and sp_grammar.draft_masking_enabled(
+            self.spexis_config, self.server_args
+        )
 
     def _sp_make_alpha_controller(self, capacity: int) -> Optional[AlphaController]:
         """Stage 0's drop ratio: ``--spexis-alpha`` fixed, or ``auto`` (chosen online)."""
@@ -592,7 +595,31 @@ class SpexisScheduler(Scheduler):
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
         self.sp_set_penalties(batch)
+        self.sp_set_grammar_masks(batch)
         return batch
+
+    def sp_set_grammar_masks(self, batch: ScheduleBatch) -> None:
+        """Constrained decoding: each row's grammar mask after its own drafts (``sp_grammar``),
+        for the sampler on the last stage and for the draft head on stage 0."""
+        if not batch.has_grammar:
+            return
+        last = self.pp_group.is_last_rank
+        if not (last or self.sp_grammar_draft_mask):
+            return
+        if batch.sampling_info is None:  # stage 0: the draft head reads the mask from it
+            batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
+                batch, self.model_config.vocab_size
+            )
+        rows: Rows = batch.spexis_rows
+        slots = rows.slot.tolist()
+        sp_grammar.set_decode_masks(
+            batch,
+            rows.position.tolist(),
+            lambda i: self.sp.slots.draft_tokens(slots[i]),
+            vocab_size=self.model_config.vocab_size,
+            sampling_rank=last,
+            draft_rank=self.sp_grammar_draft_mask,
+        )
 
     def sp_set_penalties(self, batch: ScheduleBatch) -> None:
         """The sampling rank's penalizers see each row's output prefix (``sp_penalties``).
@@ -771,18 +798,15 @@ class SpexisScheduler(Scheduler):
     def _sp_unsupported_error(self, req: Req) -> Optional[str]:
         """Sampling features SP would get wrong, refused instead of silently changed.
 
-        SP rows do not advance or check a grammar's state. (Penalties and
-        ``min_new_tokens`` are served: see ``sp_penalties``.)
+        Penalties and ``min_new_tokens`` are served (``sp_penalties``), and so are grammars of
+        SGLang's xgrammar backend (``sp_grammar``, which names what it refuses).
         """
         if not self.sp_enabled:
             return None
-        sp = req.sampling_params
-        used = [k for k in SP_UNSUPPORTED_GRAMMARS if getattr(sp, k, None) is not None]
-        if not used:
-            return None
-        return (
-            f"Spexis speculative parallelism does not support {', '.join(used)} yet; "
-            "send this request to a server without --spexis-draft-head"
+        return sp_grammar.grammar_request_error(
+            req.sampling_params,
+            req.grammar,
+            forced=self.spexis_config.force_accept is not None,
         )
 
     def _force_accept_param_error(self, req: Req) -> Optional[str]:
@@ -833,6 +857,8 @@ class SpexisScheduler(Scheduler):
                 forced.label_one(req)
             req.time_stats.set_last_decode_finish_time()
             req.update_finish_state(1)
+            if req.grammar is not None:  # stock order: after the finish check
+                sp_grammar.accept_committed(req, token)
             if req.finished():
                 finished.append(req)
             touched.append(req)
