@@ -171,6 +171,8 @@ class RankAcceptanceProfile:
         k = len(self.acceptance)
         x = (1.0 - alpha) * k
         full = min(int(math.floor(x + _EPS)), k)
+        if full > x:  # x sat within _EPS below a bin edge: snapped up, so divide by the edge
+            x = float(full)
         part = max(0.0, x - full)
         cum = self._cum  # type: ignore[attr-defined]
         area = cum[full] + (part * self.acceptance[full] if full < k else 0.0)
