@@ -75,14 +75,98 @@ def test_max_rate_under_slo_and_ratios():
         "sp": _recs([(1, 0.08), (2, 0.10), (4, 0.15), (8, 0.21)]),
     }
     a = serving.analyse(results, k=2.0)
+    assert a["baseline"] == "plain"
     assert a["common_threshold_s"] == pytest.approx(0.16)
     plain, sp = a["configs"]["plain"], a["configs"]["sp"]
     assert plain["max_rate_under_slo"] == 2  # 0.25 > 2 x 0.10
     assert sp["max_rate_under_slo"] == 4  # 0.21 > 2 x 0.08
-    assert sp["ratio_vs_first"] == pytest.approx(2.0)
+    assert sp["max_rate_under_slo_vs_baseline"] == pytest.approx(2.0)
     assert plain["max_rate_under_common_slo"] == 2 and sp["max_rate_under_common_slo"] == 4
+    # crossings: plain 0.20 between (2, 0.15) and (4, 0.25) -> 3; sp 0.16 between
+    # (4, 0.15) and (8, 0.21) -> 4 + 4 / 6
+    assert plain["crossing_rate"] == pytest.approx(3.0)
+    assert sp["crossing_rate"] == pytest.approx(4 + 4 / 6)
+    assert sp["crossing_rate_vs_baseline"] == pytest.approx((4 + 4 / 6) / 3)
+    assert plain["slo_reached"] and sp["slo_reached"]
+
+
+def test_baseline_is_chosen_by_name_and_unreached_slo_is_a_lower_bound():
+    results = {
+        "sp": _recs([(1, 0.08), (2, 0.09)]),
+        "plain": _recs([(1, 0.10), (2, 0.30)]),
+    }
+    a = serving.analyse(results, k=2.0, baseline="plain")
+    sp = a["configs"]["sp"]
+    assert a["baseline"] == "plain"
+    assert sp["max_rate_under_slo"] == 2 and sp["crossing_rate"] == 2
+    assert sp["slo_reached"] is False  # never went over: 2 is a lower bound
+    assert a["configs"]["plain"]["crossing_rate"] == pytest.approx(1.5)
+    assert serving.analyse(results, k=2.0, baseline="nope")["baseline"] == "sp"
 
 
 def test_a_rate_with_failures_ends_the_range():
     recs = _recs([(1, 0.1), (2, 0.1), (4, 0.1)], failed_at=2)
     assert serving.max_rate_under(recs, 1.0) == 1
+    assert serving.slo_crossing(recs, 1.0)["crossing_rate"] == 1  # no interpolation into it
+
+
+def test_decode_graph_lines_and_retractions_from_a_log():
+    log = (
+        "[x] Decode batch, #running-req: 4, cuda graph: True, gen throughput: 1\n"
+        "[x] Decode batch, #running-req: 300, cuda graph: False, gen throughput: 1\n"
+        "[x] Decode batch, #running-req: 4, cuda graph: True, gen throughput: 1\n"
+        f"[x] {serving.RETRACT_LINE} 3\n"
+    )
+    assert serving.decode_graph_lines(log) == {"true": 2, "false": 1}
+    assert serving.count_retractions(log) == 1
+
+
+def test_configurations_of_the_breakdown_share_the_server_args():
+    args = serving.parse_args(
+        [
+            "--configs",
+            "pp1,plain,sp,sp-alpha,sp-la",
+            "--server-args",
+            "--max-total-tokens 2048",
+            "--sp-args",
+            "--spexis-benchmark-force-accept 0.7",
+            "--out",
+            "x.json",
+        ]
+    )
+    c = dict(serving.build_configs(args, alpha=0.3))
+    assert c["pp1"] == ["--pp-size", "1", "--max-total-tokens", "2048"]
+    assert c["plain"] == ["--pp-size", "2", "--max-total-tokens", "2048"]
+    assert c["sp"][:4] == c["plain"] and "--spexis-alpha" not in c["sp"]
+    assert c["sp-alpha"] == c["sp"] + ["--spexis-alpha", "0.3"]
+    assert c["sp-la"] == c["sp-alpha"] + [
+        "--spexis-length-predictor",
+        "bundled",
+        "--spexis-lookahead-admission",
+    ]
+    assert "--spexis-benchmark-force-accept" in c["sp"]
+    with pytest.raises(SystemExit):
+        serving.build_configs(serving.parse_args(["--configs", "xx", "--out", "x"]), None)
+
+
+def test_merge_combines_runs_of_one_workload(tmp_path):
+    def doc(name, recs, workload="sharegpt"):
+        return {
+            "workload": {"name": workload},
+            "configs": {name: []},
+            "runs": {name: {"records": recs}},
+        }
+
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(serving.json.dumps(doc("plain", _recs([(1, 0.1), (2, 0.3)]))))
+    b.write_text(serving.json.dumps(doc("sp", _recs([(1, 0.1), (2, 0.15)]))))
+    c.write_text(serving.json.dumps(doc("tp", [], workload="long")))
+    merged = serving.merge([str(a), str(b)])
+    assert set(merged["runs"]) == {"plain", "sp"}
+    out = tmp_path / "m.json"
+    serving.finish(merged, 2.0, "plain", str(out))
+    res = serving.json.loads(out.read_text())
+    assert res["analysis"]["configs"]["sp"]["max_rate_under_slo_vs_baseline"] == 2.0
+    assert (tmp_path / "m.png").exists()
+    with pytest.raises(SystemExit, match="different workloads"):
+        serving.merge([str(a), str(c)])
