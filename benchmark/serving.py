@@ -434,11 +434,24 @@ def summarize_rate(result: dict, before: dict, after: dict, retractions: int) ->
         delta = {k: after[k] - before.get(k, 0) for k in SPEXIS_COUNTERS if k in after}
         verdicts = delta.get("accepted", 0) + delta.get("rejected", 0)
         rows = sum(delta.get(k, 0) for k in ("rows_normal", "rows_spec", "rows_stale"))
+        iters = delta.get("decode_iterations", 0)
         rec["spexis"] = {
             **delta,
             "acceptance_rate": delta.get("accepted", 0) / verdicts if verdicts else None,
             "tokens_per_row": delta.get("tokens_committed", 0) / rows if rows else None,
+            "rows_per_iteration": rows / iters if iters else None,
         }
+        # stage 0's loop by phase (wall time_*_s, thread CPU cpu_*_s), ms per iteration
+        phases = {
+            k: after[k] - before.get(k, 0)
+            for k in after
+            if k.startswith(("time_", "cpu_")) and isinstance(after[k], (int, float))
+        }
+        its = max(1, after.get("iterations", 0) - before.get("iterations", 0))
+        if phases:
+            rec["spexis"]["stage0_ms_per_iteration"] = {
+                k: round(1000 * v / its, 3) for k, v in sorted(phases.items())
+            }
     return rec
 
 
