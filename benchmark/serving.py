@@ -34,9 +34,10 @@ Workloads (``--workload``; :mod:`spexis_sglang.data.workloads` has the details):
   conversation's answer, capped at ``--max-output-len``;
 * ``specbench``: the SpecBench-like six-category mix, every request up to ``--max-output-len``;
 * ``long``: ShareGPT conversations with answers of at least ``--long-min-output-len`` tokens;
-* ``FILE.json``: a lengths-only workload written by ``--export-workload`` (committed ones in
+* ``FILE.json``: a workload written by ``--export-workload``: lengths only (committed ones in
   ``benchmark/workloads/``), replayed with synthetic prompts of the same lengths (dummy
-  weights).
+  weights), or ``--with-text`` (real prompts for real weights on a machine without the data
+  packages; not committed, rebuilt by the same command).
 
 The requests go to bench_serving as a ShareGPT-format file (``--dataset-name sharegpt
 --dataset-path FILE``) built here from the packaged data. ``ignore_eos`` (``--ignore-eos``):
@@ -231,7 +232,7 @@ def build_rows(args: argparse.Namespace, model_path: str):
     return workloads.build_workload(
         args.workload,
         load_tokenizer(tok_dir),
-        args.num_prompts,
+        args.num_prompts or 64,
         seed=args.seed,
         max_input_len=args.max_input_len,
         max_output_len=args.max_output_len,
@@ -269,14 +270,14 @@ def prepare_workload(args: argparse.Namespace, model_path: str, work_dir: str) -
             "--random-range-ratio",
             str(args.range_ratio),
             "--num-prompts",
-            str(args.num_prompts),
+            str(args.num_prompts or 64),
         ]
         desc = {
             "name": "random",
             "input_len": args.input_len,
             "output_len": args.output_len,
             "range_ratio": args.range_ratio,
-            "requests": args.num_prompts,
+            "requests": args.num_prompts or 64,
         }
     else:
         from spexis_sglang.data import workloads
@@ -288,10 +289,10 @@ def prepare_workload(args: argparse.Namespace, model_path: str, work_dir: str) -
             )
             server_extra = ["--tokenizer-path", tok_dir]
             count_tok = load_tokenizer(tok_dir)
-        elif args.workload.endswith(".json"):
+        elif not all(r.prompt for r in rows):
             raise SystemExit(
                 f"{args.workload} holds lengths only: replay it on dummy weights "
-                "(--load-format dummy) or pass --synthetic-vocab N"
+                "(--load-format dummy) or pass --synthetic-vocab N (or export it --with-text)"
             )
         else:
             count_tok = load_tokenizer(args.tokenizer or _tokenizer_dir(model_path))
@@ -317,7 +318,7 @@ def prepare_workload(args: argparse.Namespace, model_path: str, work_dir: str) -
                 if args.workload.endswith(".json")
                 else args.workload
             ),
-            "build_args": workload_build_args(args),
+            "build_args": _doc_build_args(args.workload) or workload_build_args(args),
             "synthetic_prompts_vocab": synthetic or None,
             **workloads.summary(rows),
         }
@@ -325,6 +326,15 @@ def prepare_workload(args: argparse.Namespace, model_path: str, work_dir: str) -
         bench.append("--disable-ignore-eos")
     desc["ignore_eos"] = eos
     return {"bench_args": bench, "server_extra": server_extra, "workload": desc}
+
+
+def _doc_build_args(workload: str) -> Optional[dict]:
+    """How a workload document was built (its own record), for a result that replays it."""
+    if not workload.endswith(".json"):
+        return None
+    with open(workload) as f:
+        doc = json.load(f)
+    return {"file": os.path.basename(workload), **doc.get("build_args", {})}
 
 
 def _tokenizer_dir(model_path: str) -> str:
@@ -655,6 +665,24 @@ def merge(paths: List[str]) -> dict:
     return doc
 
 
+def suggest_rates(doc: dict, fractions=(0.1, 0.25, 0.5, 0.75, 1.0, 1.5)) -> List[float]:
+    """Rates for a sweep that crosses saturation, from a probe run (``--rates LOW,1000``): the
+    highest request throughput any configuration reached, times ``fractions``."""
+    cap = max(
+        (r.get("request_throughput") or 0)
+        for entry in doc["runs"].values()
+        for r in entry.get("records", [])
+    )
+    if cap <= 0:
+        raise SystemExit("the probe completed no request")
+    out = []
+    for f in fractions:
+        x = f * cap
+        digits = max(0, 1 - int(f"{x:e}".split("e")[1]))  # two significant digits
+        out.append(round(x, digits))
+    return sorted(set(out))
+
+
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -677,7 +705,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default="random",
         help="random, sharegpt, specbench, long, or a lengths JSON (--export-workload)",
     )
-    ap.add_argument("--num-prompts", type=int, default=64, help="requests per rate")
+    ap.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="requests per rate (default 64; a workload file: all of its requests)",
+    )
     ap.add_argument("--input-len", type=int, default=128, help="random workload")
     ap.add_argument("--output-len", type=int, default=64, help="random workload")
     ap.add_argument("--range-ratio", type=float, default=0.5, help="random workload")
@@ -707,16 +740,33 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "than --min-config-s left are listed as not run, rates past it are skipped",
     )
     ap.add_argument("--min-config-s", type=float, default=120.0)
-    ap.add_argument("--out", required=True, help="result JSON; the plot goes beside it (.png)")
+    ap.add_argument("--out", help="result JSON; the plot goes beside it (.png)")
     ap.add_argument("--export-workload", metavar="PATH", help="write the lengths and exit")
+    ap.add_argument(
+        "--with-text",
+        action="store_true",
+        help="--export-workload: keep the prompts (real weights on a machine without the data)",
+    )
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge results, re-analyse")
     ap.add_argument("--plan", action="store_true", help="print the configurations and exit")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--suggest-rates",
+        metavar="PROBE_JSON",
+        help="print sweep rates from a probe run's result (0.1-1.5x its peak req/s) and exit",
+    )
+    args = ap.parse_args(argv)
+    if not args.out and not args.suggest_rates and not args.plan:
+        ap.error("--out is required")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
+    if args.suggest_rates:
+        with open(args.suggest_rates) as f:
+            print(",".join(f"{r:g}" for r in suggest_rates(json.load(f))))
+        return 0
     if args.merge:
         finish(merge(args.merge), args.slo_k, args.baseline, args.out)
         logger.info("wrote %s", args.out)
@@ -735,7 +785,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise SystemExit(f"--export-workload needs one of {DATASET_WORKLOADS}")
         rows = build_rows(args, model_path)
         with open(args.export_workload, "w") as f:
-            json.dump(workloads.lengths_doc(args.workload, rows, workload_build_args(args)), f)
+            json.dump(
+                workloads.lengths_doc(
+                    args.workload, rows, workload_build_args(args), with_text=args.with_text
+                ),
+                f,
+            )
             f.write("\n")
         logger.info("wrote %s: %s", args.export_workload, workloads.summary(rows))
         return 0

@@ -170,3 +170,32 @@ def test_merge_combines_runs_of_one_workload(tmp_path):
     assert (tmp_path / "m.png").exists()
     with pytest.raises(SystemExit, match="different workloads"):
         serving.merge([str(a), str(c)])
+
+
+def test_suggested_rates_cross_the_probe_capacity():
+    probe = {
+        "runs": {
+            "plain": {"records": [{"request_throughput": 0.4}, {"request_throughput": 12.3}]},
+            "sp": {"records": [{"request_throughput": 15.0}]},
+        }
+    }
+    assert serving.suggest_rates(probe) == [1.5, 3.8, 7.5, 11.0, 15.0, 22.0]
+    with pytest.raises(SystemExit):
+        serving.suggest_rates({"runs": {"x": {"records": [{"request_throughput": 0}]}}})
+
+
+def test_committed_workload_documents_are_consistent():
+    from spexis_sglang.data import workloads
+
+    folder = os.path.join(HERE, "..", "..", "benchmark", "workloads")
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
+    assert names == ["long.json", "sharegpt.json", "specbench.json"]
+    for name in names:
+        with open(os.path.join(folder, name)) as f:
+            doc = serving.json.load(f)
+        rows = workloads.rows_from_lengths_doc(doc)
+        assert doc["summary"] == workloads.summary(rows)
+        assert not doc["with_text"] and all(r.prompt == "" for r in rows)
+        cap = doc["build_args"]["max_output_len"]
+        assert all(2 <= r.output_len <= cap for r in rows)
+        assert all(r.prompt_len <= doc["build_args"]["max_input_len"] for r in rows)

@@ -69,6 +69,10 @@ def test_lengths_document_round_trip_and_synthetic_file(tmp_path):
     ]
     with pytest.raises(ValueError, match="no prompt text"):
         w.sharegpt_file_rows(back, TOK)
+    with_text = w.rows_from_lengths_doc(w.lengths_doc("sharegpt", rows, {}, with_text=True))
+    assert with_text == rows
+    (real,) = w.sharegpt_file_rows(with_text[:1], TOK)
+    assert real["conversations"][0]["value"] == rows[0].prompt
     with pytest.raises(ValueError, match="not a serving workload"):
         w.rows_from_lengths_doc({"format": "x"})
 

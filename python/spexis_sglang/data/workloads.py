@@ -225,15 +225,22 @@ def summary(rows: Sequence[Request]) -> dict:
     }
 
 
-def lengths_doc(name: str, rows: Sequence[Request], build_args: dict) -> dict:
-    """The workload without its prompt texts (small enough to commit and carry)."""
+def lengths_doc(
+    name: str, rows: Sequence[Request], build_args: dict, with_text: bool = False
+) -> dict:
+    """The workload as a document: lengths only (small enough to commit; replayed with
+    synthetic prompts on dummy weights), or ``with_text`` the prompts too (to carry real
+    prompts to a machine without the data packages)."""
     return {
         "format": LENGTHS_FORMAT,
         "workload": name,
         "build_args": build_args,
         "summary": summary(rows),
+        "with_text": with_text,
         "requests": [
-            [r.uid, r.source, r.category, r.prompt_len, r.output_len, r.answer_len] for r in rows
+            [r.uid, r.source, r.category, r.prompt_len, r.output_len, r.answer_len]
+            + ([r.prompt] if with_text else [])
+            for r in rows
         ],
     }
 
@@ -245,8 +252,16 @@ def rows_from_lengths_doc(doc: dict) -> List[Request]:
             f"expected {LENGTHS_FORMAT!r})"
         )
     return [
-        Request(uid=u, source=s, category=c, prompt="", prompt_len=p, output_len=o, answer_len=a)
-        for u, s, c, p, o, a in doc["requests"]
+        Request(
+            uid=row[0],
+            source=row[1],
+            category=row[2],
+            prompt=row[6] if len(row) > 6 else "",
+            prompt_len=row[3],
+            output_len=row[4],
+            answer_len=row[5],
+        )
+        for row in doc["requests"]
     ]
 
 
