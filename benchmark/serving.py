@@ -755,7 +755,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="print sweep rates from a probe run's result (0.1-1.5x its peak req/s) and exit",
     )
     args = ap.parse_args(argv)
-    if not args.out and not args.suggest_rates and not args.plan:
+    if not (args.out or args.suggest_rates or args.plan or args.export_workload):
         ap.error("--out is required")
     return args
 
@@ -784,6 +784,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.workload not in DATASET_WORKLOADS:
             raise SystemExit(f"--export-workload needs one of {DATASET_WORKLOADS}")
         rows = build_rows(args, model_path)
+        os.makedirs(os.path.dirname(os.path.abspath(args.export_workload)), exist_ok=True)
         with open(args.export_workload, "w") as f:
             json.dump(
                 workloads.lengths_doc(
