@@ -60,7 +60,7 @@ for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced acce
 CPU run committed (default model, PP=2; ``benchmark/README.md`` has the command and result)::
 
     .venv/bin/python benchmark/serving.py --workload sharegpt --num-prompts 16 \\
-        --configs plain,sp,sp-alpha,sp-la,pp1 --rates 0.1,0.2,0.4,0.8 \\
+        --configs plain,sp,sp-alpha,sp-la,pp1 --rates 0.15,0.3,0.6,1.2 \\
         --server-args '--max-total-tokens 2048' --out benchmark/results/cpu_serving.json
 
 Merge the results of several calls (GPU: one call cannot hold every server) and recompute
@@ -76,6 +76,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -760,7 +761,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    # SIGTERM and SIGINT unwind (the running server is stopped, partial results kept), also
+    # when started in the background, where a shell leaves SIGINT ignored
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
     if args.suggest_rates:
