@@ -60,8 +60,10 @@ for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced acce
 CPU run committed (default model, PP=2; ``benchmark/README.md`` has the command and result)::
 
     .venv/bin/python benchmark/serving.py --workload sharegpt --num-prompts 16 \\
-        --configs plain,sp,sp-alpha,sp-la,pp1 --rates 0.15,0.3,0.6,1.2 \\
-        --server-args '--max-total-tokens 2048' --out benchmark/results/cpu_serving.json
+        --max-input-len 384 --max-output-len 64 --configs plain,sp,sp-alpha,sp-la,pp1 \\
+        --rates 0.15,0.3,0.6,1.2 --server-args '--max-total-tokens 1024' --time-budget 2400 \\
+        --min-config-s 300 --label 'CPU, default model, PP=2,' \\
+        --out benchmark/results/cpu_serving.json
 
 Merge the results of several calls (GPU: one call cannot hold every server) and recompute
 the analysis and the plot: ``serving.py --merge a.json b.json --out all.json``. CPU numbers are
@@ -744,6 +746,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--out", help="result JSON; the plot goes beside it (.png)")
     ap.add_argument("--export-workload", metavar="PATH", help="write the lengths and exit")
     ap.add_argument(
+        "--export-sharegpt",
+        metavar="PATH",
+        help="write the workload as the ShareGPT-format file bench_serving reads, and exit",
+    )
+    ap.add_argument(
         "--with-text",
         action="store_true",
         help="--export-workload: keep the prompts (real weights on a machine without the data)",
@@ -756,7 +763,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="print sweep rates from a probe run's result (0.1-1.5x its peak req/s) and exit",
     )
     args = ap.parse_args(argv)
-    if not (args.out or args.suggest_rates or args.plan or args.export_workload):
+    if not (
+        args.out or args.suggest_rates or args.plan or args.export_workload or args.export_sharegpt
+    ):
         ap.error("--out is required")
     return args
 
@@ -803,6 +812,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
             f.write("\n")
         logger.info("wrote %s: %s", args.export_workload, workloads.summary(rows))
+        return 0
+
+    if args.export_sharegpt:
+        if args.workload == "random":
+            raise SystemExit("--export-sharegpt needs a dataset workload")
+        with tempfile.TemporaryDirectory() as tmp:
+            wl = prepare_workload(args, model_path, tmp)
+            if wl["server_extra"]:
+                raise SystemExit("--export-sharegpt writes real prompts: not with dummy weights")
+            os.makedirs(os.path.dirname(os.path.abspath(args.export_sharegpt)), exist_ok=True)
+            shutil.copyfile(os.path.join(tmp, "requests.json"), args.export_sharegpt)
+        logger.info(
+            "wrote %s: bench_serving --dataset-name sharegpt --dataset-path %s --num-prompts %d%s",
+            args.export_sharegpt,
+            args.export_sharegpt,
+            wl["workload"]["requests"],
+            "" if wl["workload"]["ignore_eos"] else " --disable-ignore-eos",
+        )
         return 0
 
     names = [c for c in args.configs.split(",") if c]
