@@ -648,8 +648,75 @@ def finish(doc: dict, k: float, baseline: str, out: str) -> None:
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     if any(results.values()):
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(markdown_table(doc) + "\n\n" + latency_table(doc) + "\n")
         png = os.path.splitext(out)[0] + ".png"
         plot({n: r for n, r in results.items() if r}, doc["analysis"], png, plot_title(doc))
+
+
+def _fmt(x, digits=3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def markdown_table(doc: dict) -> str:
+    """The analysis as a markdown table, one row per configuration."""
+    an = doc["analysis"]
+    lines = [
+        "| config | norm. latency at lowest rate (s/token) | max rate under own SLO "
+        "(crossing) req/s | vs baseline | max rate under common SLO (crossing) req/s "
+        "| vs baseline | peak output tok/s | vs baseline | acceptance | retractions "
+        "| delayed admissions | load avg (1 min) |",
+        "|" + " --- |" * 12,
+    ]
+    for name, c in an["configs"].items():
+        recs = doc["runs"][name]["records"]
+        sp = [r.get("spexis") or {} for r in recs]
+        acc = [x["acceptance_rate"] for x in sp if x.get("acceptance_rate") is not None]
+        loads = [r["loadavg_before"][0] for r in recs if r.get("loadavg_before")]
+        own = f"{_fmt(c['max_rate_under_slo'])} ({_fmt(c['crossing_rate'])}" + (
+            ")" if c["slo_reached"] else ", not reached)"
+        )
+        common = f"{_fmt(c['max_rate_under_common_slo'])} ({_fmt(c['crossing_rate_common'])}" + (
+            ")" if c["common_slo_reached"] else ", not reached)"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    _fmt(c["latency_at_lowest_rate_s"]),
+                    own,
+                    _fmt(c["crossing_rate_vs_baseline"]),
+                    common,
+                    _fmt(c["crossing_rate_common_vs_baseline"]),
+                    _fmt(c["peak_output_throughput"]),
+                    _fmt(c["peak_output_throughput_vs_baseline"]),
+                    f"{min(acc):.2f}-{max(acc):.2f}" if acc else "-",
+                    str(sum(r.get("retractions", 0) for r in recs)),
+                    str(sum(x.get("admissions_delayed", 0) for x in sp)) if any(sp) else "-",
+                    f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-",
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def latency_table(doc: dict) -> str:
+    """Mean normalized latency (s/token) per configuration and rate."""
+    rates = sorted({r["request_rate"] for e in doc["runs"].values() for r in e["records"]})
+    lines = [
+        "| config | " + " | ".join(f"{x:g} req/s" for x in rates) + " |",
+        "|" + " --- |" * (len(rates) + 1),
+    ]
+    for name, e in doc["runs"].items():
+        by = {r["request_rate"]: r["mean_normalized_latency_s"] for r in e["records"]}
+        lines.append(f"| {name} | " + " | ".join(_fmt(by.get(x)) for x in rates) + " |")
+    return "\n".join(lines)
 
 
 def merge(paths: List[str]) -> dict:

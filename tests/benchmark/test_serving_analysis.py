@@ -199,3 +199,25 @@ def test_committed_workload_documents_are_consistent():
         cap = doc["build_args"]["max_output_len"]
         assert all(2 <= r.output_len <= cap for r in rows)
         assert all(r.prompt_len <= doc["build_args"]["max_input_len"] for r in rows)
+
+
+def test_markdown_tables_of_a_result():
+    recs = [
+        {
+            "request_rate": r,
+            "mean_normalized_latency_s": lat,
+            "failed": 0,
+            "output_throughput": 10.0 * r,
+            "retractions": 1,
+            "loadavg_before": [3.0, 2.0, 1.0],
+            **({"spexis": {"acceptance_rate": 0.6, "admissions_delayed": 2}} if sp else {}),
+        }
+        for sp in (False, True)
+        for r, lat in ((1, 0.1), (2, 0.3))
+    ]
+    doc = {"runs": {"plain": {"records": recs[:2]}, "sp": {"records": recs[2:]}}}
+    doc["analysis"] = serving.analyse({n: e["records"] for n, e in doc["runs"].items()}, 2.0)
+    table = serving.markdown_table(doc).splitlines()
+    assert len(table) == 4 and table[2].startswith("| plain | 0.1 | 1 (1.5) | 1 |")
+    assert "| 0.60-0.60 | 2 | 4 | 3.0-3.0 |" in table[3]
+    assert serving.latency_table(doc).splitlines()[2] == "| plain | 0.1 | 0.3 |"
