@@ -725,7 +725,8 @@ def merge(paths: List[str]) -> dict:
         with open(p) as f:
             docs.append(json.load(f))
     doc = dict(docs[0])
-    doc["merged_from"] = [os.path.relpath(p) for p in paths]
+    if len(paths) > 1:
+        doc["merged_from"] = [os.path.relpath(p) for p in paths]
     doc["configs"], doc["runs"] = {}, {}
     for d in docs:
         if d.get("workload") != docs[0].get("workload"):
