@@ -210,6 +210,7 @@ def test_markdown_tables_of_a_result():
             "output_throughput": 10.0 * r,
             "retractions": 1,
             "loadavg_before": [3.0, 2.0, 1.0],
+            "output_tokens_per_busiest_cpu_s": 50.0 * r * (2 if sp else 1),
             **({"spexis": {"acceptance_rate": 0.6, "admissions_delayed": 2}} if sp else {}),
         }
         for sp in (False, True)
@@ -219,5 +220,20 @@ def test_markdown_tables_of_a_result():
     doc["analysis"] = serving.analyse({n: e["records"] for n, e in doc["runs"].items()}, 2.0)
     table = serving.markdown_table(doc).splitlines()
     assert len(table) == 4 and table[2].startswith("| plain | 0.1 | 1 (1.5) | 1 |")
-    assert "| 0.60-0.60 | 2 | 4 | 3.0-3.0 |" in table[3]
+    assert "| 20 | 1 | 200 | 2 | 0.60-0.60 | 2 | 4 | 3.0-3.0 |" in table[3]
     assert serving.latency_table(doc).splitlines()[2] == "| plain | 0.1 | 0.3 |"
+
+
+def test_cpu_record_per_process_and_tokens_per_cpu_second():
+    before = {"sglang::scheduler_PP0": 10.0, "sglang::scheduler_PP1": 5.0}
+    after = {"sglang::scheduler_PP0": 14.0, "sglang::scheduler_PP1": 7.0, "detok": 1.0}
+    rec = serving.cpu_record(before, after, tokens=140)
+    assert rec["server_cpu_s"] == 7.0 and rec["busiest_process_cpu_s"] == 4.0
+    assert rec["server_cpu_s_by_process"]["detok"] == 1.0
+    assert rec["output_tokens_per_server_cpu_s"] == 20.0
+    assert rec["output_tokens_per_busiest_cpu_s"] == 35.0
+    assert serving.cpu_record({}, {}, 5)["output_tokens_per_busiest_cpu_s"] is None
+    import os
+
+    mine = serving.server_cpu_times(os.getpid())  # this process: one entry, some CPU used
+    assert len(mine) == 1 and list(mine.values())[0] > 0
