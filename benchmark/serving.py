@@ -107,6 +107,7 @@ SPEXIS_COUNTERS = (
 )
 BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la")
 DATASET_WORKLOADS = ("sharegpt", "specbench", "long")
+DEFAULT_MAX_OUTPUT_LEN = 256
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -219,12 +220,20 @@ def ignore_eos(args: argparse.Namespace, synthetic: int) -> bool:
 
 
 def build_rows(args: argparse.Namespace, model_path: str):
-    """The workload's requests: built from the data (or read from a lengths document)."""
+    """The workload's requests: built from the data (or read from a lengths document, its
+    output lengths capped at ``--max-output-len`` when that is given)."""
+    import dataclasses
+
     from spexis_sglang.data import workloads
 
     if args.workload.endswith(".json"):
         with open(args.workload) as f:
             rows = workloads.rows_from_lengths_doc(json.load(f))
+        if args.max_output_len:
+            rows = [
+                dataclasses.replace(r, output_len=min(r.output_len, args.max_output_len))
+                for r in rows
+            ]
         return rows[: args.num_prompts] if args.num_prompts else rows
     tok_dir = args.tokenizer or model_path
     if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
@@ -238,7 +247,7 @@ def build_rows(args: argparse.Namespace, model_path: str):
         args.num_prompts or 64,
         seed=args.seed,
         max_input_len=args.max_input_len,
-        max_output_len=args.max_output_len,
+        max_output_len=args.max_output_len or DEFAULT_MAX_OUTPUT_LEN,
         min_output_len=args.min_output_len,
         long_min_output_len=args.long_min_output_len,
     )
@@ -250,7 +259,7 @@ def workload_build_args(args: argparse.Namespace) -> dict:
         "num_prompts": args.num_prompts,
         "seed": args.seed,
         "max_input_len": args.max_input_len,
-        "max_output_len": args.max_output_len,
+        "max_output_len": args.max_output_len or DEFAULT_MAX_OUTPUT_LEN,
         "min_output_len": args.min_output_len,
         "long_min_output_len": args.long_min_output_len,
     }
@@ -429,11 +438,16 @@ def server_cpu_times(pid: int) -> Dict[str, float]:
     for p in procs:
         try:
             t = p.cpu_times()
-            title = " ".join(p.cmdline())[:48] or p.name()
+            cmd = p.cmdline()
+            name = p.name()
         except psutil.Error:
             continue
-        if title.startswith(sys.executable):
-            title = "launch_server" if "launch_server" in title else title.split()[-1]
+        if "-m" in cmd[:-1]:
+            title = cmd[cmd.index("-m") + 1]  # python -m spexis_sglang.launch_server
+        elif "-c" in cmd[:-1]:
+            title = "python -c"  # multiprocessing's helpers
+        else:
+            title = " ".join(cmd).strip()[:40] or name  # sglang::scheduler_PP0 (setproctitle)
         key = title
         i = 2
         while key in out:
@@ -841,7 +855,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=64, help="random workload")
     ap.add_argument("--range-ratio", type=float, default=0.5, help="random workload")
     ap.add_argument("--max-input-len", type=int, default=1024, help="prompts longer are skipped")
-    ap.add_argument("--max-output-len", type=int, default=256, help="output length cap")
+    ap.add_argument(
+        "--max-output-len",
+        type=int,
+        default=None,
+        help=f"output length cap (default {DEFAULT_MAX_OUTPUT_LEN}; a workload file: its own "
+        "lengths, capped only when this is given)",
+    )
     ap.add_argument("--min-output-len", type=int, default=4, help="shorter answers are skipped")
     ap.add_argument("--long-min-output-len", type=int, default=512, help="long workload")
     ap.add_argument("--tokenizer", default=None, help="counts the lengths (default: the model's)")
@@ -891,6 +911,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ):
         ap.error("--out is required")
     return args
+
+
+def portable_argv(argv: List[str]) -> List[str]:
+    """The command line as recorded in a result: paths inside the repository relative to it,
+    others (a device's $OUT) by their file name under ``$OUT``; whitespace runs collapsed."""
+    out = []
+    for a in argv:
+        if os.path.isabs(a) and (os.path.exists(a) or os.path.isdir(os.path.dirname(a))):
+            rel = os.path.relpath(a)
+            a = rel if not rel.startswith("..") else "$OUT/" + os.path.basename(a)
+        out.append(" ".join(a.split()) if "\n" in a else a)
+    return out
 
 
 def _exit_on_signal(signum, frame):
@@ -983,7 +1015,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("workload:", json.dumps(wl["workload"]))
             return 0
         doc = {
-            "argv": sys.argv[1:] if argv is None else argv,
+            "argv": portable_argv(sys.argv[1:] if argv is None else argv),
             "label": args.label,
             "cpu": cpu,
             "machine": {"nproc": os.cpu_count(), "loadavg_at_start": loadavg()},

@@ -68,6 +68,7 @@ case $MODE in
     ;;
   *) echo "MODE must be dummy or real" >&2; exit 2 ;;
 esac
+SERVER=$(echo $SERVER)  # one line in the result
 refuse_multicast_flags $SERVER ${EXTRA:-} || exit 2
 [ -n "${RATES:-}" ] || { echo "set RATES (a probe first: RATES=4,1000)" >&2; exit 2; }
 NP=(); [ -n "${NUM_PROMPTS:-}" ] && NP=(--num-prompts "$NUM_PROMPTS")

@@ -237,3 +237,25 @@ def test_cpu_record_per_process_and_tokens_per_cpu_second():
 
     mine = serving.server_cpu_times(os.getpid())  # this process: one entry, some CPU used
     assert len(mine) == 1 and list(mine.values())[0] > 0
+
+
+def test_recorded_command_lines_hold_no_machine_paths(tmp_path):
+    inside = os.path.abspath(os.path.join(HERE, "x.json"))
+    argv = ["--out", str(tmp_path / "r.json"), "--server-args", "a\n   b", "--w", inside]
+    got = serving.portable_argv(argv)
+    assert got[1] == "$OUT/r.json" and got[3] == "a b"
+    assert got[5] == os.path.relpath(inside) and not os.path.isabs(got[5])
+
+
+def test_a_workload_file_replays_its_lengths_capped_only_on_request(tmp_path):
+    from spexis_sglang.data import workloads
+
+    rows = [workloads.Request("u", "s", "c", "", 10, n) for n in (5, 300, 1000)]
+    path = tmp_path / "w.json"
+    path.write_text(serving.json.dumps(workloads.lengths_doc("sharegpt", rows, {})))
+    args = serving.parse_args(["--workload", str(path), "--out", "x"])
+    assert [r.output_len for r in serving.build_rows(args, "unused")] == [5, 300, 1000]
+    args = serving.parse_args(["--workload", str(path), "--max-output-len", "64", "--out", "x"])
+    assert [r.output_len for r in serving.build_rows(args, "unused")] == [5, 64, 64]
+    args = serving.parse_args(["--workload", str(path), "--num-prompts", "2", "--out", "x"])
+    assert len(serving.build_rows(args, "unused")) == 2
