@@ -15,7 +15,10 @@ request rate, SGLang's own load generator (``python -m spexis_sglang.bench_servi
   replayed from CUDA graphs; for stock servers, SGLang's decode log lines by
   ``cuda graph: True/False``;
 * the machine's load average before and after (``os.getloadavg``): on a shared box latency is
-  only as good as the contention it ran under.
+  only as good as the contention it ran under;
+* the CPU seconds of the server's processes over the rate (by process) and the output tokens
+  per CPU-second of the busiest one (what the configuration costs, far less moved by other
+  tenants than wall time; on a CPU machine with a core per process it bounds throughput).
 
 **Max rate under SLO**: the highest swept rate, below which no rate failed, whose mean
 normalized latency is at most ``K`` times the configuration's own value at the lowest rate
@@ -538,7 +541,8 @@ def run_rate(args, server, rate: float, dataset: List[str]) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
         if proc.returncode != 0:
             raise RuntimeError(
-                f"bench_serving failed at rate {rate}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+                f"bench_serving failed at rate {rate}:\n{proc.stdout[-2000:]}"
+                f"\n{proc.stderr[-2000:]}"
             )
         with open(out) as f:
             result = json.loads(f.read().splitlines()[-1])
@@ -639,8 +643,8 @@ def analyse(results: Dict[str, List[dict]], k: float, baseline: Optional[str] = 
             "crossing_rate_common": shared.get("crossing_rate"),
             "common_slo_reached": shared.get("slo_reached"),
             "peak_output_throughput": max((r.get("output_throughput") or 0) for r in recs) or None,
-            # contention-robust: tokens per CPU-second of the server's busiest process (the
-            # bound of a dedicated machine with a core per process), best over the rates
+            # far less moved by contention: tokens per CPU-second of the server's busiest
+            # process (the bound of a machine with a core per process), best over the rates
             "peak_tokens_per_busiest_cpu_s": max(
                 (r.get("output_tokens_per_busiest_cpu_s") or 0) for r in recs
             )
@@ -694,7 +698,9 @@ def plot(results: Dict[str, List[dict]], analysis: dict, path: str, title: str) 
     axes[0].set_title(title, fontsize=9)
     if cpu:
         axes[1].set_ylabel("output tokens per CPU-s of the busiest server process")
-        axes[1].set_title("server CPU cost per token (far less sensitive to other load)", fontsize=9)
+        axes[1].set_title(
+            "server CPU cost per token (far less sensitive to other load)", fontsize=9
+        )
     for ax in axes:
         ax.set_xlabel("request rate (req/s, Poisson)")
         ax.grid(alpha=0.3)
