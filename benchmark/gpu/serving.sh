@@ -25,7 +25,9 @@
 #      auto), KV (140000 dummy / 60000 real), MAX_BS (256), BUDGET (540 s), TAG, EXTRA (more
 #      serving.py arguments). Output: $OUT/serving_$TAG.json and .png.
 # Commands for the device tool: benchmark/README.md, "Serving under load".
-# CPU dry run (no GPU): SPEXIS_LOCAL_CPU=1 MODEL=tiny-llama RATES=2 NUM_PROMPTS=4 CONFIGS=plain,sp \
+# CPU dry runs (no GPU): SPEXIS_LOCAL_CPU=1 MODEL=tiny-llama RATES=2 NUM_PROMPTS=4 \
+#   CONFIGS=plain,sp,sp-alpha KV=4096 MAX_BS=8 EXTRA='--max-output-len 8' OUT=/tmp/o bash benchmark/gpu/serving.sh
+# SPEXIS_LOCAL_CPU=1 SPEXIS_CACHE_DIR=~/.cache/spexis MODE=real CONFIGS=sp-la RATES=2 NUM_PROMPTS=3 \
 #   KV=4096 MAX_BS=8 EXTRA='--max-output-len 8' OUT=/tmp/o bash benchmark/gpu/serving.sh
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -63,7 +65,8 @@ case $MODE in
     [ -f "$WORKLOAD" ] || { echo "no $WORKLOAD: build it here with serving.py --export-workload --with-text and carry it" >&2; exit 3; }
     export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-/tmp/spexis-cache}
     python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
-    SERVER="${GPU_FLAGS[*]} --dtype bfloat16 --max-total-tokens $KV ${GRAPHS[*]}"
+    DTYPE=bfloat16; [ "${SPEXIS_LOCAL_CPU:-0}" = 1 ] && DTYPE=auto
+    SERVER="${GPU_FLAGS[*]} --dtype $DTYPE --max-total-tokens $KV ${GRAPHS[*]}"
     SP=(--draft-head bundled --label "default model, real weights,")
     ;;
   *) echo "MODE must be dummy or real" >&2; exit 2 ;;
