@@ -63,3 +63,46 @@ def test_bench_serving_against_sp_server(server_factory, model_dir, trained_head
     # the benchmark read the server's /server_info: Spexis' counters are there, and SP ran
     spexis = result["server_info"]["internal_states"][0]["spexis"]
     assert spexis["tokens_committed"] >= NUM_PROMPTS * (OUTPUT_LEN - 1)
+
+
+def _serving_module():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving.py")
+    spec = importlib.util.spec_from_file_location("benchmark_serving_e2e", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sharegpt_workload_through_bench_serving(server_factory, model_dir, trained_head, tmp_path):
+    """benchmark/serving.py's path for a real workload: ShareGPT prompts (chat-formatted) and
+    answer lengths written as bench_serving's ShareGPT file, EOS honoured on real weights, one
+    Poisson rate against the SP server (the same server as the test above)."""
+    serving = _serving_module()
+    server = server_factory(sp_args(2, trained_head))
+    args = serving.parse_args(
+        [
+            "--workload",
+            "sharegpt",
+            "--num-prompts",
+            "6",
+            "--max-input-len",
+            "160",
+            "--max-output-len",
+            "12",
+            "--out",
+            str(tmp_path / "unused.json"),
+        ]
+    )
+    wl = serving.prepare_workload(args, model_dir, str(tmp_path))
+    assert wl["workload"]["ignore_eos"] is False and "--disable-ignore-eos" in wl["bench_args"]
+    assert wl["workload"]["requests"] == 6 and wl["server_extra"] == []
+    rec = serving.run_rate(args, server, 4.0, wl["bench_args"])
+    assert rec["completed"] == 6 and rec["failed"] == 0
+    assert 6 <= rec["total_output_tokens"] <= wl["workload"]["output_len"]["total"]
+    assert rec["mean_normalized_latency_s"] > 0 and rec["loadavg_before"] is not None
+    sp = rec["spexis"]
+    assert sp["tokens_committed"] >= rec["total_output_tokens"] - 6  # (+ bench's warm-up)
+    assert sp["acceptance_rate"] is not None and sp["stage0_ms_per_iteration"]
