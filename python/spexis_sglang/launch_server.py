@@ -216,8 +216,6 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         raise LaunchError(f"--spexis-draft-head needs --page-size 1 (got {server_args.page_size})")
     if server_args.scheduler_recv_interval > 1:
         raise LaunchError("--spexis-draft-head needs --scheduler-recv-interval 1")
-    if server_args.dp_size > 1:
-        raise LaunchError("--spexis-draft-head does not support --dp-size > 1 yet")
     if head == "bundled":
         from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
 
