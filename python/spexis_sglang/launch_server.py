@@ -212,8 +212,6 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         raise LaunchError("--spexis-draft-head needs --pp-async-batch-depth 0")
     if server_args.enable_mixed_chunk:
         raise LaunchError("--spexis-draft-head cannot be combined with --enable-mixed-chunk")
-    if server_args.page_size not in (None, 1):
-        raise LaunchError(f"--spexis-draft-head needs --page-size 1 (got {server_args.page_size})")
     if server_args.scheduler_recv_interval > 1:
         raise LaunchError("--spexis-draft-head needs --scheduler-recv-interval 1")
     if head == "bundled":

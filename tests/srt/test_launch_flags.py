@@ -104,14 +104,18 @@ def test_lookahead_admission_flags_resolve_the_bundled_predictor():
     assert cfg.lookahead_admission and cfg.admission_pdr == 3.0
 
 
-def test_sp_accepts_data_parallel_replicas():
-    """--dp-size > 1: every replica runs its own SP pipeline (equality test in
-    tests/e2e/test_sp_launch_options.py)."""
+@pytest.mark.parametrize("option", [["--dp-size", "2"], ["--page-size", "4"]])
+def test_sp_accepts_data_parallelism_and_pages(option):
+    """--dp-size > 1 (every replica runs its own SP pipeline) and --page-size > 1 (SP allocates
+    page by page): equality tests in tests/e2e/test_sp_launch_options.py."""
     from spexis_sglang.launch_server import prepare_server_args
 
-    argv = ["--model-path", ensure_default_model(), "--pp-size", "2", "--dp-size", "2"]
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2", *option]
     server_args, cfg = prepare_server_args(argv + ["--spexis-draft-head", "bundled"])
-    assert server_args.dp_size == 2 and cfg.enabled
+    assert cfg.enabled
+    assert (server_args.dp_size, server_args.page_size) == (
+        (2, 1) if "--dp-size" in option else (1, 4)
+    )
 
 
 def test_predictor_reading_scalar_features_is_refused(tmp_path, capsys):
