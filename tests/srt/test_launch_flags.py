@@ -48,6 +48,10 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "--pp-async-batch-depth 0",
         ),
         (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--enable-mixed-chunk"],
+            "cannot be combined with --enable-mixed-chunk: an SP iteration is either a prefill",
+        ),
+        (
             ["--pp-size", "3", "--spexis-draft-head", "bundled"],
             "no bundled draft head at exit layer 10",
         ),
@@ -176,6 +180,17 @@ def test_float64_mode_sets_the_model_dtype_on_every_kind_of_server():
         assert cfg.float64 and server_args.dtype == "float64"
     register_float64_dtype()
     assert _get_and_verify_dtype({"torch_dtype": "float32"}, "float64") == torch.float64
+
+
+def test_help_names_the_launch_options_sp_combines_with_and_refuses(capsys):
+    assert launch_server.main(["--help"]) == 0
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines at hyphens too
+    for text in (
+        "Works with --dp-size (one SP pipeline per replica) and --page-size",
+        "Refused with --pp-async-batch-depth > 0",
+        "--enable-mixed-chunk (an SP iteration is a prefill chunk or SP decode rows",
+    ):
+        assert "".join(text.split()) in out, text
 
 
 def test_float64_mode_is_refused_off_the_cpu(capsys):
