@@ -119,7 +119,12 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Turn on speculative parallelism (needs --pp-size >= 2) with this early-exit "
         "draft head on stage 0: an artifact directory, 'bundled' (the head shipped for the "
         "default model at stage 0's depth), or 'random:SEED' (untrained, for tests and "
-        "throughput runs). Default: off, plain SGLang.",
+        "throughput runs). Default: off, plain SGLang. Works with --dp-size (one SP pipeline "
+        "per replica) and --page-size. Refused with --pp-async-batch-depth > 0 (no gain: SP "
+        "already puts every running request in every micro-batch; a depth would deepen its "
+        "speculation and commit fewer tokens per row) and with --enable-mixed-chunk (an SP "
+        "iteration is a prefill chunk or SP decode rows, not both; mixing them is not "
+        "implemented).",
     )
     group.add_argument(
         "--spexis-alpha",
@@ -257,13 +262,16 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     if server_args.pp_async_batch_depth:
         raise LaunchError("--spexis-draft-head needs --pp-async-batch-depth 0")
     if server_args.enable_mixed_chunk:
-        raise LaunchError("--spexis-draft-head cannot be combined with --enable-mixed-chunk")
-    if server_args.page_size not in (None, 1):
-        raise LaunchError(f"--spexis-draft-head needs --page-size 1 (got {server_args.page_size})")
+        raise LaunchError(
+            "--spexis-draft-head cannot be combined with --enable-mixed-chunk: an SP iteration "
+            "is either a prefill chunk or a batch of SP decode rows; riding the rows along a "
+            "prefill chunk needs a mixed batch built from SP's rows (positions, drafts and "
+            "slots from its SlotState, not SGLang's running batch), stage 0's drafts and the "
+            "last stage's tokens split between SGLang's prefill processing and SP's "
+            "verification, and merged sampling, penalty and logprob state: not implemented"
+        )
     if server_args.scheduler_recv_interval > 1:
         raise LaunchError("--spexis-draft-head needs --scheduler-recv-interval 1")
-    if server_args.dp_size > 1:
-        raise LaunchError("--spexis-draft-head does not support --dp-size > 1 yet")
     if head == "bundled":
         from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
 

@@ -72,6 +72,10 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "--pp-async-batch-depth 0",
         ),
         (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--enable-mixed-chunk"],
+            "cannot be combined with --enable-mixed-chunk: an SP iteration is either a prefill",
+        ),
+        (
             ["--pp-size", "3", "--spexis-draft-head", "bundled"],
             "no bundled draft head at exit layer 10",
         ),
@@ -162,6 +166,20 @@ def test_lookahead_admission_flags_resolve_the_bundled_predictor():
     assert cfg.lookahead_admission and cfg.admission_pdr == 3.0
 
 
+@pytest.mark.parametrize("option", [["--dp-size", "2"], ["--page-size", "4"]])
+def test_sp_accepts_data_parallelism_and_pages(option):
+    """--dp-size > 1 (every replica runs its own SP pipeline) and --page-size > 1 (SP allocates
+    page by page): equality tests in tests/e2e/test_sp_launch_options.py."""
+    from spexis_sglang.launch_server import prepare_server_args
+
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2", *option]
+    server_args, cfg = prepare_server_args(argv + ["--spexis-draft-head", "bundled"])
+    assert cfg.enabled
+    assert (server_args.dp_size, server_args.page_size) == (
+        (2, 1) if "--dp-size" in option else (1, 4)
+    )
+
+
 def test_predictor_reading_scalar_features_is_refused(tmp_path, capsys):
     """The server feeds the predictor the hidden state only: an artifact that also needs
     tokens_generated is refused at launch, not misread in every iteration."""
@@ -220,6 +238,17 @@ def test_float64_mode_sets_the_model_dtype_on_every_kind_of_server():
         assert cfg.float64 and server_args.dtype == "float64"
     register_float64_dtype()
     assert _get_and_verify_dtype({"torch_dtype": "float32"}, "float64") == torch.float64
+
+
+def test_help_names_the_launch_options_sp_combines_with_and_refuses(capsys):
+    assert launch_server.main(["--help"]) == 0
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines at hyphens too
+    for text in (
+        "Works with --dp-size (one SP pipeline per replica) and --page-size",
+        "Refused with --pp-async-batch-depth > 0",
+        "--enable-mixed-chunk (an SP iteration is a prefill chunk or SP decode rows",
+    ):
+        assert "".join(text.split()) in out, text
 
 
 def test_float64_mode_is_refused_off_the_cpu(capsys):

@@ -10,7 +10,9 @@ What is installed (SGLang's own extension points, no patches):
 * ``sglang.srt.managers.scheduler.Scheduler`` -> :class:`SpexisScheduler` (``run_scheduler_process``
   looks the class up at call time);
 * with a draft head configured, the Spexis model classes in SGLang's ``ModelRegistry``
-  (the stage-0 model runs the draft head inside its forward).
+  (the stage-0 model runs the draft head inside its forward);
+* on CPU, torch stand-ins for the paged KV allocator's two triton kernels
+  (``cpu_support/paged_kernels.py``), so that ``--page-size > 1`` serves here at all.
 
 In the HTTP server's process, ``launch_server`` passes SGLang's ``init_tokenizer_manager_func``
 the :class:`spexis_sglang.srt.tokenizer_manager.SpexisTokenizerManager` (token ids outside the
@@ -36,10 +38,13 @@ def install() -> None:
         return
     from sglang.srt.managers import scheduler as scheduler_module
 
+    from spexis_sglang.cpu_support import cuda_available
     from spexis_sglang.srt.config import get_config
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
 
     scheduler_module.Scheduler = SpexisScheduler
+    if not cuda_available():
+        install_cpu_paged_kernels()
     if get_config().float64:
         register_float64_dtype()
     if get_config().enabled:
@@ -56,6 +61,16 @@ def register_float64_dtype() -> None:
     from sglang.srt.configs import model_config
 
     model_config._STR_DTYPE_TO_TORCH_DTYPE[FLOAT64_DTYPE] = torch.float64
+
+
+def install_cpu_paged_kernels() -> None:
+    """SGLang's paged KV allocator with torch stand-ins for its triton kernels (CPU only)."""
+    from sglang.srt.mem_cache.allocator import paged
+
+    from spexis_sglang.cpu_support.paged_kernels import TorchKernel, alloc_decode, alloc_extend
+
+    paged.alloc_extend_kernel = TorchKernel(alloc_extend)
+    paged.alloc_decode_kernel = TorchKernel(alloc_decode)
 
 
 def run_spexis_scheduler_process(*args, **kwargs):

@@ -60,6 +60,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import DynamicGradMode
+from sglang.srt.utils.common import ceil_align
 
 from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
 from spexis_sglang.srt import sp_grammar
@@ -537,13 +538,35 @@ class SpexisScheduler(Scheduler):
         if n == 0:
             return
         slots, positions = rows.slot[need], rows.position[need]
-        new_slots = self.token_to_kv_pool_allocator.alloc(n)
-        if new_slots is None:
-            raise RuntimeError("Spexis: KV allocation failed after the memory check")
         req_to_token = self.req_to_token_pool.req_to_token
         where = torch.from_numpy(np.stack([slots, positions])).to(req_to_token.device)
+        if self.token_to_kv_pool_allocator.page_size == 1:
+            new_slots = self.token_to_kv_pool_allocator.alloc(n)
+        else:
+            new_slots = self._sp_alloc_paged(where, positions)
+        if new_slots is None:
+            raise RuntimeError("Spexis: KV allocation failed after the memory check")
         req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
         # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
+
+    def _sp_alloc_paged(self, where: torch.Tensor, positions: np.ndarray) -> Optional[torch.Tensor]:
+        """KV slots for new positions with ``--page-size > 1`` (SGLang's ``alloc_decode``
+        rule): a position that opens a page takes a fresh page's first slot, any other
+        continues its predecessor's page. A new position is always the request's next one
+        (``needs_slot``: KV covers every position below it), so the predecessor's slot is
+        set, by the prefill or by an earlier SP row."""
+        allocator = self.token_to_kv_pool_allocator
+        page = allocator.page_size
+        opens = torch.from_numpy(positions % page == 0).to(where.device)
+        req_to_token = self.req_to_token_pool.req_to_token
+        new_slots = req_to_token[where[0], (where[1] - 1).clamp_min(0)].to(torch.int64) + 1
+        n_pages = int(opens.sum())
+        if n_pages:
+            pages = allocator.alloc(n_pages * page)
+            if pages is None:
+                return None
+            new_slots[opens] = pages[::page]
+        return new_slots
 
     def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
         """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
@@ -673,10 +696,11 @@ class SpexisScheduler(Scheduler):
         return rows
 
     def sp_fit_memory(self, rows: Rows) -> Rows:
-        """Make room for the rows that need a new KV slot; speculation gives way first."""
+        """Make room for the rows that need new KV memory; speculation gives way first."""
         slots = self.sp.slots
-        need = slots.needs_slot(rows)
-        n_need = int(np.count_nonzero(need))
+        page = self.token_to_kv_pool_allocator.page_size
+        need = self._sp_needs_memory(rows)
+        n_need = int(np.count_nonzero(need)) * page
         if n_need == 0:
             return rows
         evict_from_tree_cache(self.tree_cache, n_need)
@@ -687,18 +711,25 @@ class SpexisScheduler(Scheduler):
         if spec_need.any():
             slots.drop(rows.slot[spec_need])
             rows = rows.take(~spec_need)
-            need = slots.needs_slot(rows)
-            n_need = int(np.count_nonzero(need))
+            need = self._sp_needs_memory(rows)
+            n_need = int(np.count_nonzero(need)) * page
             if avail >= n_need:
                 return rows
         # Not even the verified rows fit: retract requests (latest first) until they do.
         rows = self.sp_retract(rows, n_need - avail)
-        need = slots.needs_slot(rows)
-        if int(np.count_nonzero(need)) <= avail:
+        need = self._sp_needs_memory(rows)
+        if int(np.count_nonzero(need)) * page <= avail:
             return rows
         # A retracted request's KV returns only once its rows have drained, so this iteration
         # runs the rows that fit; the others simply wait (next_rows is pure: nothing to undo).
-        return rows.take(~need | (np.cumsum(need) <= avail))
+        return rows.take(~need | (np.cumsum(need) * page <= avail))
+
+    def _sp_needs_memory(self, rows: Rows) -> np.ndarray:
+        """Rows that take KV memory: a new slot, and with ``--page-size > 1`` only a new
+        position that opens a page (the others continue their request's last page)."""
+        need = self.sp.slots.needs_slot(rows)
+        page = self.token_to_kv_pool_allocator.page_size
+        return need if page == 1 else need & (rows.position % page == 0)
 
     def sp_retract(self, rows: Rows, shortfall: int) -> Rows:
         reqs = self.sp.req_at[rows.slot].tolist()
@@ -950,12 +981,19 @@ class SpexisScheduler(Scheduler):
         sp.running.batch_is_full = False
 
     def _sp_free_unverified_slots(self, req: Req) -> None:
+        """Free the KV past the verified tokens, so that SGLang's release sees none.
+
+        With ``--page-size > 1`` the page that holds the last verified token is left to
+        ``release_kv_cache`` (it frees that partial page with the request's other pages);
+        only the pages after it are freed here."""
         if req.kv is None or req.req_pool_idx is None:
             return
         start, end = req.kv_committed_len, req.kv.kv_allocated_len
         if end > start:
-            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
-            self.token_to_kv_pool_allocator.free(slots.to(torch.int64))
+            first = ceil_align(start, self.token_to_kv_pool_allocator.page_size)
+            if end > first:
+                slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, first:end]
+                self.token_to_kv_pool_allocator.free(slots.to(torch.int64))
             req.kv.kv_allocated_len = start
 
     # ------------------------------------------------------------------ observability
