@@ -66,7 +66,7 @@ CPU run committed (default model, PP=2; ``benchmark/README.md`` has the command 
         --max-input-len 384 --max-output-len 64 --configs plain,sp,sp-alpha,sp-la,pp1 \\
         --rates 0.15,0.3,0.6,1.2 --server-args '--max-total-tokens 1024' --time-budget 2400 \\
         --min-config-s 300 --label 'CPU, default model, PP=2,' \\
-        --out benchmark/results/cpu_serving.json
+        --out benchmark/results/cpu_serving_run3.json
 
 Merge the results of several calls (GPU: one call cannot hold every server) and recompute
 the analysis and the plot: ``serving.py --merge a.json b.json --out all.json``. CPU numbers are
