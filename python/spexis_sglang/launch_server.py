@@ -120,9 +120,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "draft head on stage 0: an artifact directory, 'bundled' (the head shipped for the "
         "default model at stage 0's depth), or 'random:SEED' (untrained, for tests and "
         "throughput runs). Default: off, plain SGLang. Works with --dp-size (one SP pipeline "
-        "per replica) and --page-size. Refused with --pp-async-batch-depth > 0 (no gain: SP "
-        "already puts every running request in every micro-batch; a depth would deepen its "
-        "speculation and commit fewer tokens per row) and with --enable-mixed-chunk (an SP "
+        "per replica) and --page-size. Refused with --pp-async-batch-depth > 0 (no gain: under "
+        "SP a depth lengthens the verification loop and costs more committed tokens per row "
+        "than the wait it could hide) and with --enable-mixed-chunk (an SP "
         "iteration is a prefill chunk or SP decode rows, not both; mixing them is not "
         "implemented).",
     )
@@ -260,7 +260,17 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             f"draft head on the first of several pipeline stages (got --pp-size {server_args.pp_size})"
         )
     if server_args.pp_async_batch_depth:
-        raise LaunchError("--spexis-draft-head needs --pp-async-batch-depth 0")
+        raise LaunchError(
+            "--spexis-draft-head needs --pp-async-batch-depth 0 (got "
+            f"{server_args.pp_async_batch_depth}): stock PP processes a micro-batch's result D "
+            "iterations later so that stage 0 need not wait for it; under SP that result "
+            "verifies drafts, so a depth D lengthens SP's verification loop from N to N + D "
+            "iterations: N + D - 1 unverified drafts per request and fewer tokens committed per "
+            "row (Eq. 2, 1 / (N + D - theta (N + D - 1)): N=2, theta=0.6 gives 0.71 at D=0 and "
+            "0.56 at D=1), more than the wait it could hide (stage 0 waits 10-24% of its loop "
+            "in the H200 runs); it did not speed up stock PP=2 on CPU either (0.90x, "
+            "benchmark/results/cpu_pp_async_depth.json)"
+        )
     if server_args.enable_mixed_chunk:
         raise LaunchError(
             "--spexis-draft-head cannot be combined with --enable-mixed-chunk: an SP iteration "

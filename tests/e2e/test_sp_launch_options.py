@@ -19,6 +19,7 @@ SGLang's release. (On CPU the paged allocator's two triton kernels run as torch 
 from __future__ import annotations
 
 import time
+from typing import List
 
 import pytest
 import requests
@@ -60,19 +61,54 @@ def test_greedy_dp2_pp2_equals_plain_sglang(
         assert d["rows_spec"] > 0 and d["rows_stale"] > 0
 
 
+def early_stops(outputs: List[List[int]]) -> List[dict]:
+    """Per prompt, greedy sampling that stops on the token its full output ends with. The tiny
+    model's greedy output settles on one repeated token after a few, so each request ends
+    early, with an SP row past its end still in flight."""
+    return [
+        {
+            "temperature": 0.0,
+            "max_new_tokens": len(out),
+            "ignore_eos": False,
+            "stop_token_ids": [out[-1]],
+        }
+        for out in outputs
+    ]
+
+
+def output_ids(server, prompts: List[List[int]], sampling: List[dict]) -> List[List[int]]:
+    out = server.generate({"input_ids": prompts, "sampling_params": sampling})
+    return [o["output_ids"] for o in out]
+
+
+def assert_pools_intact(server) -> None:
+    """SGLang's idle check (every stage's KV pool and request slots) found no leak: it raises
+    in the scheduler, which then stops serving."""
+    time.sleep(3)  # idle: the check runs
+    r = requests.get(server.base_url + "/health_generate", timeout=300)
+    assert r.status_code == 200
+    with open(server.log_path) as f:
+        log = f.read()
+    assert "memory leak detected" not in log and "Traceback" not in log
+
+
 def test_paged_kv_under_memory_pressure_equals_plain_sglang(server_factory, tiny_model_dir):
     """Pages of 4 slots, a pool too small for the batch (SP retracts), prompts sharing a
-    templated prefix (page-aligned radix hits), and a second pass over the same prompts
-    (whole prompts cached): same tokens as plain SGLang with one-slot pages, and SGLang's
-    idle leak check (it kills a scheduler whose pool lost a page) passes."""
+    templated prefix (page-aligned radix hits), a second pass over the same prompts (whole
+    prompts cached), and a pass that stops each request early (rows in flight past its end,
+    so unverified pages are freed): same tokens as plain SGLang with one-slot pages, and no
+    page leaks."""
     model = ["--model-path", tiny_model_dir]
-    baseline = server_factory([*model, "--pp-size", "1"])
-    pressure = ["--max-total-tokens", "600", "--chunked-prefill-size", "128"]
-    sp_server = server_factory([*model, *sp_args(2, "random:0", "--page-size", "4", *pressure)])
     prompts = templated(
         tiny_model_dir, [f"Question {i}: list {i + 2} things about {i * 7}." for i in range(12)]
     )
+    # every baseline output first: starting the SP server may stop the baseline (conftest)
+    baseline = server_factory([*model, "--pp-size", "1"])
     expected = baseline.greedy_ids(prompts, 80)
+    stops = early_stops(expected)
+    expected_stop = output_ids(baseline, prompts, stops)
+    pressure = ["--max-total-tokens", "600", "--chunked-prefill-size", "128"]
+    sp_server = server_factory([*model, *sp_args(2, "random:0", "--page-size", "4", *pressure)])
     for attempt in range(2):
         got = sp_server.greedy_ids(prompts, 80)
         cmp = compare_outputs(tiny_model_dir, prompts, expected, got)
@@ -82,7 +118,15 @@ def test_paged_kv_under_memory_pressure_equals_plain_sglang(server_factory, tiny
         retractions = f.read().count("KV cache pool is full, retracting request")
     print(f"{retractions} retractions")
     assert retractions > 0  # the test really exercised retraction
+    got = output_ids(sp_server, prompts, stops)
+    cmp = compare_outputs(tiny_model_dir, prompts, expected_stop, got)
+    print("page size 4, early stops:", cmp.summary(), [len(x) for x in got])
+    assert cmp.all_identical, cmp.summary()
+    # every request stopped early, and their KV ends fall on every offset in a page: some
+    # in-flight rows past an end opened a page of their own (which must be freed; breaking
+    # that free makes this test fail in SGLang's idle leak check)
+    assert all(len(x) < 80 for x in got)
+    assert {(len(p) + len(x)) % 4 for p, x in zip(prompts, got)} == {0, 1, 2, 3}
     stats = replica_stats(sp_server)[0]
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
-    time.sleep(2)  # idle: SGLang's leak check runs and would kill a leaking scheduler
-    assert sp_server.alive()
+    assert_pools_intact(sp_server)

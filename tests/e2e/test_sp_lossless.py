@@ -230,7 +230,12 @@ def test_pp_x_tp_x_sp_tiny_model_equals_plain(server_factory, tiny_model_dir, ti
 
 def test_retraction_under_memory_pressure_is_lossless(server_factory, tiny_model_dir):
     """A KV pool too small for the batch: SP retracts (after draining) and still matches plain."""
+    prompts = templated(
+        tiny_model_dir, [f"Question {i}: list {i + 2} things about {i * 7}." for i in range(12)]
+    )
+    # the baseline first: starting the SP server may stop it (conftest's make_room)
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
+    expected = baseline.greedy_ids(prompts, 80)
     sp_server = server_factory(
         [
             "--model-path",
@@ -238,10 +243,6 @@ def test_retraction_under_memory_pressure_is_lossless(server_factory, tiny_model
             *sp_args(2, "random:0", "--max-total-tokens", "600", "--chunked-prefill-size", "128"),
         ]
     )
-    prompts = templated(
-        tiny_model_dir, [f"Question {i}: list {i + 2} things about {i * 7}." for i in range(12)]
-    )
-    expected = baseline.greedy_ids(prompts, 80)
     got = sp_server.greedy_ids(prompts, 80)
     with open(sp_server.log_path) as f:
         retractions = f.read().count("KV cache pool is full, retracting request")

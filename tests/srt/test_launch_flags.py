@@ -69,7 +69,7 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
         ),
         (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--pp-async-batch-depth", "1"],
-            "--pp-async-batch-depth 0",
+            "needs --pp-async-batch-depth 0 (got 1): stock PP processes a micro-batch's result",
         ),
         (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--enable-mixed-chunk"],
