@@ -65,6 +65,7 @@ from sglang.srt.utils.common import ceil_align
 from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
 from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
+    ENV_DRAFT_LOG,
     ENV_PROFILE_LOOP,
     ENV_SYNC_DRAFT_READ,
     SpexisConfig,
@@ -73,6 +74,7 @@ from spexis_sglang.srt.config import (
     get_config,
 )
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.profiling import DraftLog
 from spexis_sglang.srt.protocol import (
     FORCE_ACCEPT_PARAM,
     FORCED_LABEL,
@@ -252,6 +254,10 @@ class SpexisScheduler(Scheduler):
 
             self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
+        draft_log = env_value(ENV_DRAFT_LOG)
+        self.sp_draft_log = (
+            DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
+        )
         self.sp_admission_gate = self._sp_make_admission_gate()
         # constrained decoding: stage 0 masks the drafts with the rows' grammars (sp_grammar)
         self.sp_grammar_draft_mask = self.sp.rank0 and sp_grammar.draft_masking_enabled(
@@ -808,11 +814,18 @@ class SpexisScheduler(Scheduler):
             for p in pending:
                 ids, conf, buckets = p.read()
                 rows = p.rows
+                if self.sp_draft_log is not None:
+                    self._sp_log_drafts(rows, ids, conf, buckets)
                 sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
                 if buckets is not None:
                     sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
                     live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
                     sp.length_bucket[rows.slot[live]] = buckets[live]
+
+    def _sp_log_drafts(self, rows: Rows, ids, conf, buckets) -> None:
+        reqs = self.sp.req_at[rows.slot]
+        rids = [None if r is None else r.rid for r in reqs]
+        self.sp_draft_log.write(rids, rows.position, rows.token, ids, conf, buckets)
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
