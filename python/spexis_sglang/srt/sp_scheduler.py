@@ -348,8 +348,10 @@ class SpexisScheduler(Scheduler):
                     server_is_idle = False
                     pp_proxy_tensors = self._pp_recv_proxy_tensors()
                     if pp_proxy_tensors is not None:
+                        # a CUDA-graph replay upstream pads them to its batch bucket
+                        n = len(cur_batch.reqs)
                         cur_batch.spexis_extras = {
-                            k: v
+                            k: v[:n]
                             for k, v in pp_proxy_tensors.tensors.items()
                             if k.startswith(PROXY_PREFIX)
                         }
@@ -785,8 +787,11 @@ class SpexisScheduler(Scheduler):
             if self.sp_sync_draft_read:
                 self.sp_apply_drafts()
             return
-        ids, conf = tensors[PROXY_DRAFT_IDS], tensors[PROXY_DRAFT_CONF]
+        # a CUDA-graph replay returns them padded to its batch bucket
+        n = len(rows)
+        ids, conf = tensors[PROXY_DRAFT_IDS][:n], tensors[PROXY_DRAFT_CONF][:n]
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
+        buckets = None if buckets is None else buckets[:n]
         sources = (ids, conf, buckets)
         event = None
         if ids.device.type != "cpu" and not self.sp_sync_draft_read:
@@ -865,7 +870,7 @@ class SpexisScheduler(Scheduler):
         sp = self.sp
         rows: Rows = batch.spexis_rows
         true_ids = pp_outputs["next_token_ids"].cpu().numpy().astype(np.int64, copy=False)
-        drafts = pp_outputs[PROXY_DRAFT_IDS].cpu().numpy().astype(np.int64, copy=False)
+        drafts = pp_outputs[PROXY_DRAFT_IDS][: len(rows)].cpu().numpy().astype(np.int64, copy=False)
         forced = sp.forced
         if forced is not None:
             # Benchmark-only: pretend the target agreed with the draft w.p. theta.
