@@ -29,7 +29,7 @@ NUM_GPUS=$(nvidia-smi -L | wc -l)
 SHARE_ARGS=
 if [ "$NUM_GPUS" -lt 2 ]; then
   export SPEXIS_SHARE_GPU=1
-  SHARE_ARGS="--max-total-tokens 65536"
+  SHARE_ARGS="--max-total-tokens 65536 --cuda-graph-max-bs 64"
 fi
 export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.25 $SHARE_ARGS ${EXTRA_SERVER_ARGS:-}"
 TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}_${NUM_GPUS}gpu}
