@@ -41,6 +41,7 @@ def _serve(args):
     try:
         out = server.generate(_payload())
         info = requests.get(server.base_url + "/server_info", timeout=60).json()
+        metrics = requests.get(server.base_url + "/metrics", timeout=60).text
         time.sleep(2)  # idle: SGLang's leak check runs and would kill a leaking scheduler
         alive = server.alive()
         with open(server.log_path) as f:
@@ -48,17 +49,17 @@ def _serve(args):
     finally:
         server.stop()
     assert alive
-    return [o["output_ids"] for o in out], info["internal_states"][0], log
+    return [o["output_ids"] for o in out], info["internal_states"][0], log, metrics
 
 
 def test_length_oracle_buckets_reach_admission_labelled_and_lossless(tiny_model_dir):
     common = ["--model-path", tiny_model_dir, "--load-format", "dummy"]
-    common += ["--max-total-tokens", str(KV_TOKENS), "--skip-tokenizer-init"]
+    common += ["--max-total-tokens", str(KV_TOKENS), "--skip-tokenizer-init", "--enable-metrics"]
     # one server at a time: the plain SP server first
-    expected, plain_state, _ = _serve(sp_args(2, "random:0", *common))
+    expected, plain_state, _, plain_metrics = _serve(sp_args(2, "random:0", *common))
     assert LENGTH_ORACLE_LABEL not in plain_state
     assert plain_state["spexis"]["rows_predicted_ending"] == 0
-    got, state, log = _serve(sp_args(2, "random:0", *common, *ORACLE))
+    got, state, log, metrics = _serve(sp_args(2, "random:0", *common, *ORACLE))
     stats, oracle = state["spexis"], state[LENGTH_ORACLE_LABEL]
     print(
         f"length oracle: {stats['rows_predicted_ending']} rows predicted to end within 64 "
@@ -71,7 +72,12 @@ def test_length_oracle_buckets_reach_admission_labelled_and_lossless(tiny_model_
     assert stats["rows_predicted_ending"] > 0
     assert oracle["requests_predicted"] >= REQUESTS - 1 and oracle["requests_unpredictable"] >= 1
     assert oracle["rows_unpredictable"] > 0
-    # the perfect oracle's buckets are the truth
+    # the perfect oracle's buckets are the truth, and the truth is the server's: every
+    # predicted request had a row producing its last token (remaining 1), none went past it
     assert oracle["measured_precision"] == [1.0] * 5 and oracle["measured_recall"] == [1.0] * 5
+    assert oracle["rows_at_last_token"] >= REQUESTS - 1 and oracle["rows_past_end"] == 0
+    mode = [m for m in metrics.splitlines() if m.startswith("spexis:benchmark_mode{")]
+    assert len(mode) == 1 and 'mode="length_oracle"' in mode[0] and mode[0].endswith(" 1.0")
+    assert "spexis:benchmark_mode{" not in plain_metrics
     assert [len(o) for o in got] == [len(o) for o in expected]
     assert got == expected

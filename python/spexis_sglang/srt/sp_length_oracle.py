@@ -110,6 +110,10 @@ class LengthOracle:
         self.false_neg = np.zeros(k, dtype=np.int64)
         self.rows_asked = 0
         self.rows_unpredictable = 0
+        #: rows that produce a request's last token (at least one per request that ends), and
+        #: rows past it (none: SP launches no row beyond a request's length)
+        self.rows_at_last_token = 0
+        self.rows_past_end = 0
         self.requests_predicted = 0
         self.requests_unpredictable = 0
 
@@ -144,7 +148,11 @@ class LengthOracle:
         end = self._end[rows.slot]
         known = end >= 0
         # the row at position p produces the token at p + 1; the last one is at end - 1
-        remaining = np.maximum(end - rows.position - 1, 1)
+        raw = end - rows.position - 1
+        # self-checks of that convention against the server's rows (/server_info)
+        self.rows_at_last_token += int(np.count_nonzero(known & (raw == 1)))
+        self.rows_past_end += int(np.count_nonzero(known & (raw < 1)))
+        remaining = np.maximum(raw, 1)
         u = uniform64(
             self._base[rows.slot], rows.position.astype(np.uint64), np.zeros(len(rows), np.uint64)
         )
@@ -189,6 +197,8 @@ class LengthOracle:
             "measured_recall": measured["recall"],
             "rows_asked": self.rows_asked,
             "rows_unpredictable": self.rows_unpredictable,
+            "rows_at_last_token": self.rows_at_last_token,
+            "rows_past_end": self.rows_past_end,
             "requests_predicted": self.requests_predicted,
             "requests_unpredictable": self.requests_unpredictable,
         }
