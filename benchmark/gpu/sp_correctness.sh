@@ -12,7 +12,9 @@
 # itself is not batch-invariant on the GPU, so PP=2 and PP=1 differ even without Spexis; float32
 # has no sgl_kernel rmsnorm on the GPU) and a small memory share (three servers live at once).
 # Session 4, 2x H200: 32/32 prompts identical, 261 s (benchmark/README.md "GPU correctness").
-# Needs the default model's GGUF (benchmark/gpu/default_model_parts.sh join) and 2 GPUs.
+# Needs the default model's GGUF (benchmark/gpu/default_model_parts.sh join). With one GPU
+# both PP stages share it (SPEXIS_SHARE_GPU=1: NCCL over loopback sockets, a bounded KV pool
+# per rank so that the ranks' memory profiles leave room for each other).
 # Output: $OUT/sp_correctness_$TAG.log (pytest -s output, acceptance lines) and the junit XML.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,16 +25,23 @@ DTYPE=${DTYPE:-bfloat16}
 # EXTRA_SERVER_ARGS: more server flags; EXTRA_SERVER_ARGS= (empty) turns the deterministic
 # kernels off (the session-2 control: bf16 flips that plain SGLang shows too)
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS---enable-deterministic-inference}
-export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.25 ${EXTRA_SERVER_ARGS:-}"
-TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}}
+NUM_GPUS=$(nvidia-smi -L | wc -l)
+SHARE_ARGS=
+if [ "$NUM_GPUS" -lt 2 ]; then
+  export SPEXIS_SHARE_GPU=1
+  SHARE_ARGS="--max-total-tokens 65536"
+fi
+export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.25 $SHARE_ARGS ${EXTRA_SERVER_ARGS:-}"
+TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}_${NUM_GPUS}gpu}
 export SPEXIS_CACHE_DIR=/tmp/spexis-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
 python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
 echo "default model ready in $((SECONDS - T0)) s"
-python3 -m pytest -p no:cacheprovider -s -q -x --junitxml "$OUT/sp_correctness_$TAG.xml" \
-  tests/e2e/test_sp_lossless.py -k "default_model_pp2_equals_plain or effective_batch_matches_eq2 or graph_replay_drafts" \
-  tests/e2e/test_sp_graphs.py \
+# TESTS: the pytest selection (default: the graph test first, then equality and Eq. 2)
+TESTS=${TESTS:-tests/e2e/test_sp_graphs.py tests/e2e/test_sp_lossless.py::test_greedy_default_model_pp2_equals_plain_sglang tests/e2e/test_sp_lossless.py::test_effective_batch_matches_eq2}
+# shellcheck disable=SC2086
+python3 -m pytest -p no:cacheprovider -s -q --junitxml "$OUT/sp_correctness_$TAG.xml" $TESTS \
   2>&1 | tee "$OUT/sp_correctness_$TAG.log"
 RC=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$OUT/sp_correctness_$TAG.log"

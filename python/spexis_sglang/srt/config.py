@@ -28,6 +28,13 @@ ENV_PHASE_TIMERS = "SPEXIS_PHASE_TIMERS"
 ENV_SYNC_DRAFT_READ = "SPEXIS_SYNC_DRAFT_READ"
 #: a path prefix: cProfile each rank's SP loop into PREFIX.pp{rank}.tp{rank}.prof
 ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
+#: a file to which stage 0's scheduler (TP rank 0) appends one JSON line per SP decode batch:
+#: each row's request, position, input token, draft, confidence and length bucket, as the
+#: scheduler received them (CUDA-graph replays included; ENV_DRAFT_TRACE sees eager forwards)
+ENV_DRAFT_LOG = "SPEXIS_DRAFT_LOG"
+#: "1": every rank of the server runs on one GPU (hooks.share_one_gpu): PP on one GPU, for
+#: tests and developers on a one-GPU machine; NCCL then talks over loopback sockets
+ENV_SHARE_GPU = "SPEXIS_SHARE_GPU"
 
 
 def env_flag(name: str) -> bool:

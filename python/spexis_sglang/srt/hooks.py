@@ -73,11 +73,43 @@ def install_cpu_paged_kernels() -> None:
     paged.alloc_decode_kernel = TorchKernel(alloc_decode)
 
 
+# positions of run_scheduler_process's arguments, as SGLang's launcher passes them
+_GPU_ID_ARG, _TP_RANK_ARG, _PP_RANK_ARG = 2, 3, 7
+
+
+def share_one_gpu(args: tuple, num_gpus: int) -> tuple:
+    """``SPEXIS_SHARE_GPU=1``: the scheduler arguments with every rank on a GPU that exists.
+
+    SGLang gives PP rank ``p`` GPU ``p`` (more with TP), and NCCL refuses two ranks on one GPU
+    ("Duplicate GPU detected") when they share a host id. Each rank gets its own
+    ``NCCL_HOSTID``, so NCCL takes the ranks for different hosts and sends over loopback
+    sockets. What one GPU can then check: PP=2 SP serving, its CUDA-graph replays equal to
+    eager execution (``tests/e2e/test_sp_graphs.py``). Not for timing: the stages share a GPU.
+    """
+    import os
+
+    if num_gpus < 1:
+        raise RuntimeError("SPEXIS_SHARE_GPU=1 needs a CUDA GPU")
+    args = list(args)
+    tp_rank, pp_rank = args[_TP_RANK_ARG], args[_PP_RANK_ARG]
+    args[_GPU_ID_ARG] = args[_GPU_ID_ARG] % num_gpus
+    os.environ["NCCL_HOSTID"] = f"spexis-shared-gpu-pp{pp_rank}-tp{tp_rank}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
+    os.environ.setdefault("NCCL_MNNVL_ENABLE", "0")
+    return tuple(args)
+
+
 def run_spexis_scheduler_process(*args, **kwargs):
     """SGLang's ``run_scheduler_process`` with Spexis' hooks installed first."""
     from spexis_sglang.cpu_support import install_startup_hooks
+    from spexis_sglang.srt.config import ENV_SHARE_GPU, env_flag
 
     install_startup_hooks()
+    if env_flag(ENV_SHARE_GPU):
+        import torch
+
+        args = share_one_gpu(args, torch.cuda.device_count())
     install()
     from sglang.srt.managers import scheduler
 

@@ -65,6 +65,7 @@ from sglang.srt.utils.common import ceil_align
 from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
 from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
+    ENV_DRAFT_LOG,
     ENV_PROFILE_LOOP,
     ENV_SYNC_DRAFT_READ,
     SpexisConfig,
@@ -73,6 +74,7 @@ from spexis_sglang.srt.config import (
     get_config,
 )
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.profiling import DraftLog
 from spexis_sglang.srt.protocol import (
     FORCE_ACCEPT_PARAM,
     FORCED_LABEL,
@@ -256,6 +258,10 @@ class SpexisScheduler(Scheduler):
                 self.metrics_collector.labels, benchmark_modes=self._sp_benchmark_modes()
             )
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
+        draft_log = env_value(ENV_DRAFT_LOG)
+        self.sp_draft_log = (
+            DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
+        )
         # benchmark only (--spexis-benchmark-length-oracle): stage 0's buckets from the truth
         self.sp_length_oracle = None
         if self.sp.rank0:
@@ -823,6 +829,8 @@ class SpexisScheduler(Scheduler):
             for p in pending:
                 ids, conf, buckets = p.read()
                 rows = p.rows
+                if self.sp_draft_log is not None:
+                    self._sp_log_drafts(rows, ids, conf, buckets)
                 if self.sp_length_oracle is not None:  # benchmark only: replaces a predictor
                     buckets = self.sp_length_oracle.buckets(rows)
                 sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
@@ -830,6 +838,11 @@ class SpexisScheduler(Scheduler):
                     sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
                     live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
                     sp.length_bucket[rows.slot[live]] = buckets[live]
+
+    def _sp_log_drafts(self, rows: Rows, ids, conf, buckets) -> None:
+        reqs = self.sp.req_at[rows.slot]
+        rids = [None if r is None else r.rid for r in reqs]
+        self.sp_draft_log.write(rids, rows.position, rows.token, ids, conf, buckets)
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():

@@ -1,0 +1,58 @@
+"""The developer aids that GPU tests rely on: stage 0's draft log and one-GPU sharing."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from spexis_sglang.srt.hooks import share_one_gpu
+from spexis_sglang.srt.profiling import DraftLog
+from tests.e2e.test_sp_graphs import read_draft_log
+
+
+def test_draft_log_round_trip_keys_rows_by_request_position_and_token(tmp_path):
+    path = str(tmp_path / "drafts.jsonl")
+    log = DraftLog(path)
+    log.write(
+        ["a-0", "b-1", None],
+        np.array([5, 9, 3]),
+        np.array([11, 12, 13]),
+        np.array([21, 22, 23]),
+        np.array([0.5, 0.25, 1.0]),
+        np.array([-1, 2, 0]),
+    )
+    log.write(["a-0"], [6], [21], [30], [0.75], None)
+    rows = read_draft_log(path, "a-")
+    assert rows == {("a-0", 5, 11): (21, 0.5, -1), ("a-0", 6, 21): (30, 0.75, None)}
+    assert read_draft_log(path)[("b-1", 9, 12)] == (22, 0.25, 2)  # the freed slot's row is gone
+    log.write(["a-0"], [5], [11], [99], [0.5], None)
+    with pytest.raises(AssertionError, match="drafted 21 then 99"):
+        read_draft_log(path, "a-")
+
+
+def _scheduler_args(gpu_id: int, tp_rank: int, pp_rank: int) -> tuple:
+    # run_scheduler_process(server_args, port_args, gpu_id, tp_rank, attn_cp_rank,
+    #                       moe_dp_rank, moe_ep_rank, pp_rank, dp_rank, pipe_writer)
+    return ("server_args", "port_args", gpu_id, tp_rank, 0, 0, 0, pp_rank, None, "pipe")
+
+
+def test_share_one_gpu_puts_every_rank_on_an_existing_gpu_with_its_own_nccl_host(monkeypatch):
+    for name in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    hosts = set()
+    for tp_rank, pp_rank in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        gpu_id = pp_rank * 2 + tp_rank
+        args = share_one_gpu(_scheduler_args(gpu_id, tp_rank, pp_rank), num_gpus=1)
+        assert args[2] == 0
+        assert (
+            args[:2] == ("server_args", "port_args")
+            and args[3:] == _scheduler_args(gpu_id, tp_rank, pp_rank)[3:]
+        )
+        hosts.add(os.environ["NCCL_HOSTID"])
+    assert len(hosts) == 4  # NCCL refuses two ranks of one host on one GPU
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    assert share_one_gpu(_scheduler_args(3, 1, 1), num_gpus=2)[2] == 1
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        share_one_gpu(_scheduler_args(0, 0, 0), num_gpus=0)
