@@ -70,7 +70,9 @@ def test_length_oracle_buckets_reach_admission_labelled_and_lossless(tiny_model_
     assert "predictor precision [1.0, 1.0, 1.0, 1.0, 1.0]" in log  # the oracle's, stated
     assert oracle["benchmark_only"] and oracle["preset"] == "perfect"
     assert stats["rows_predicted_ending"] > 0
-    assert oracle["requests_predicted"] >= REQUESTS - 1 and oracle["requests_unpredictable"] >= 1
+    assert (
+        oracle["admissions_predicted"] >= REQUESTS - 1 and oracle["admissions_unpredictable"] >= 1
+    )
     assert oracle["rows_unpredictable"] > 0
     # the perfect oracle's buckets are the truth, and the truth is the server's: every
     # predicted request had a row producing its last token (remaining 1), none went past it

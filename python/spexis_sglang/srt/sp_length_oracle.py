@@ -114,19 +114,20 @@ class LengthOracle:
         #: rows past it (none: SP launches no row beyond a request's length)
         self.rows_at_last_token = 0
         self.rows_past_end = 0
-        self.requests_predicted = 0
-        self.requests_unpredictable = 0
+        # admissions to SP decoding (a retracted request counts again when it resumes)
+        self.admissions_predicted = 0
+        self.admissions_unpredictable = 0
 
     def admit(self, slot: int, req: Any, verified_len: int, limit: int) -> None:
         """A request starts (or resumes) decoding in ``slot`` with ``verified_len`` tokens known
         and ends when it has ``limit`` (prompt + max_new_tokens, or the context length)."""
         if not oracle_eligible(req):
             self._end[slot] = -1
-            self.requests_unpredictable += 1
+            self.admissions_unpredictable += 1
             return
         self._end[slot] = limit
         self._base[slot] = zlib.crc32(f"{self.seed}:{_STREAM}:{req.rid}".encode())
-        self.requests_predicted += 1
+        self.admissions_predicted += 1
         # its rows from here on: the first at V - 1 has limit - V tokens to go, the last 1
         remaining = limit - verified_len
         self._positive_rows += base_rate_counts(remaining, self.thresholds)
@@ -199,8 +200,8 @@ class LengthOracle:
             "rows_unpredictable": self.rows_unpredictable,
             "rows_at_last_token": self.rows_at_last_token,
             "rows_past_end": self.rows_past_end,
-            "requests_predicted": self.requests_predicted,
-            "requests_unpredictable": self.requests_unpredictable,
+            "admissions_predicted": self.admissions_predicted,
+            "admissions_unpredictable": self.admissions_unpredictable,
         }
 
     def log_line(self) -> str:
