@@ -162,15 +162,17 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
     plain = ["--pp-size", str(args.pp_size)] + common
     sp = plain + ["--spexis-draft-head", args.draft_head] + shlex.split(args.sp_args)
     alpha_args = ["--spexis-alpha", str(alpha)] if alpha is not None else []
+    if args.length_oracle:  # benchmark only: the true lengths, degraded (dummy weights)
+        lengths = ["--spexis-benchmark-length-oracle", args.length_oracle]
+    else:
+        lengths = ["--spexis-length-predictor", args.length_predictor]
     known = {
         "pp1": ["--pp-size", "1"] + common,
         "plain": plain,
         "tp": ["--tp-size", str(args.pp_size)] + common,
         "sp": sp,
         "sp-alpha": sp + alpha_args,
-        "sp-la": sp
-        + alpha_args
-        + ["--spexis-length-predictor", args.length_predictor, "--spexis-lookahead-admission"],
+        "sp-la": sp + alpha_args + lengths + ["--spexis-lookahead-admission"],
     }
     configs = []
     for name in [c for c in args.configs.split(",") if c]:
@@ -393,6 +395,17 @@ def spexis_state(base_url: str) -> Dict[str, float]:
         return {}
 
 
+def length_oracle_state(base_url: str) -> Optional[dict]:
+    """A length-oracle server's targets and reached precision / recall (None: no oracle)."""
+    from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL
+
+    try:
+        info = requests.get(base_url + "/server_info", timeout=60).json()
+        return info["internal_states"][0].get(LENGTH_ORACLE_LABEL)
+    except (requests.RequestException, KeyError, IndexError, ValueError):
+        return None
+
+
 def read_log(log_path: str) -> str:
     try:
         with open(log_path, errors="replace") as f:
@@ -550,6 +563,9 @@ def run_rate(args, server, rate: float, dataset: List[str]) -> dict:
     new_log = log1[len(log0) :]
     rec = summarize_rate(result, before, spexis_state(server.base_url), count_retractions(new_log))
     rec["bench_wall_s"] = round(time.time() - t0, 2)
+    oracle = length_oracle_state(server.base_url)
+    if oracle is not None:  # benchmark only: cumulative since the server started
+        rec["spexis_benchmark_length_oracle"] = oracle
     rec.update(cpu_record(cpu0, server_cpu_times(server.proc.pid), result["total_output_tokens"]))
     rec["loadavg_before"] = load0
     rec["loadavg_after"] = loadavg()
@@ -852,6 +868,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--draft-head", default="bundled")
     ap.add_argument("--length-predictor", default="bundled")
     ap.add_argument(
+        "--length-oracle",
+        default=None,
+        metavar="PRESET|P/R",
+        help="BENCHMARK ONLY (dummy weights, ignore_eos): sp-la's remaining lengths come from "
+        "--spexis-benchmark-length-oracle PRESET (ours, paper-l70, paper-q32, perfect, P/R) "
+        "instead of --length-predictor; recorded in the result",
+    )
+    ap.add_argument(
         "--alpha",
         default="auto",
         help="sp-alpha / sp-la drop ratio; auto = the head artifact's chosen alpha",
@@ -1037,6 +1061,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "cpu": cpu,
             "machine": {"nproc": os.cpu_count(), "loadavg_at_start": loadavg()},
             "alpha": alpha,
+            # benchmark only: sp-la's predictions came from the true lengths, degraded
+            "benchmark_length_oracle": args.length_oracle,
             "workload": wl["workload"],
             "bench_args": placeholder + shlex.split(args.bench_args),
             "configs": configs_doc,

@@ -11,7 +11,10 @@
 #   prompts and a synthetic tokenizer over the model's vocabulary (ignore_eos: every request
 #   runs to its recorded output length). sp-alpha there shows alpha's cost only: forced
 #   acceptance does not depend on the draft's confidence, so dropping drafts buys nothing.
-#   sp-la cannot run: no length predictor exists for these shapes.
+#   sp-la (not in the default CONFIGS): look-ahead admission fed by the BENCHMARK length
+#   oracle ORACLE (--spexis-benchmark-length-oracle; default paper-l70: the true remaining
+#   lengths degraded to the paper's Table 4 precision/recall; 'ours' = the shipped
+#   predictor's calibration), as no length predictor exists for these shapes.
 # MODE=real: the default model (SmolLM2-135M-Instruct, real weights; its GGUF joined by
 #   default_model_parts.sh), bundled exit-15 head and length predictor, real acceptance, the
 #   chosen alpha (the head artifact's, 0.3), prompts with text from .gpu/workloads/ (built here
@@ -22,8 +25,9 @@
 #      CONFIGS (dummy: pp1,plain,tp,sp,sp-alpha; real: plain,sp,sp-alpha,sp-la,pp1),
 #      RATES (req/s, comma list; a probe: RATES=4,1000 gives each config's burst capacity),
 #      NUM_PROMPTS (requests per rate; default: the whole workload), THETA (0.76), ALPHA (0.3 /
-#      auto), KV (140000 dummy / 60000 real), MAX_BS (256), BUDGET (540 s), TAG, EXTRA (more
-#      serving.py arguments). Output: $OUT/serving_$TAG.json and .png.
+#      auto), ORACLE (dummy sp-la: paper-l70 | paper-q32 | ours | perfect | P/R), KV (140000
+#      dummy / 60000 real), MAX_BS (256), BUDGET (540 s), TAG, EXTRA (more serving.py arguments).
+#      Output: $OUT/serving_$TAG.json and .png.
 # Commands for the device tool: benchmark/README.md, "Serving under load".
 # CPU dry runs (no GPU): SPEXIS_LOCAL_CPU=1 MODEL=tiny-llama RATES=2 NUM_PROMPTS=4 \
 #   CONFIGS=plain,sp,sp-alpha KV=4096 MAX_BS=8 EXTRA='--max-output-len 8' OUT=/tmp/o bash benchmark/gpu/serving.sh
@@ -54,8 +58,11 @@ case $MODE in
     DTYPE=bfloat16; [ "${SPEXIS_LOCAL_CPU:-0}" = 1 ] && DTYPE=float32
     SERVER="${GPU_FLAGS[*]} --model-path benchmark/gpu/configs/$MODEL --load-format dummy --dtype $DTYPE
       --context-length 4096 --max-total-tokens $KV ${GRAPHS[*]}"
+    ORACLE=${ORACLE:-paper-l70}
+    LABEL="$MODEL dummy, forced theta $THETA,"
+    case ",$CONFIGS," in *,sp-la,*) LABEL="$LABEL sp-la: BENCHMARK length oracle $ORACLE,";; esac
     SP=(--draft-head random:0 --sp-args "--spexis-benchmark-force-accept $THETA"
-        --label "$MODEL dummy, forced theta $THETA,")
+        --length-oracle "$ORACLE" --label "$LABEL")
     ;;
   real)
     CONFIGS=${CONFIGS:-plain,sp,sp-alpha,sp-la,pp1}

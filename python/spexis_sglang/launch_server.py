@@ -166,6 +166,21 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "meta_info label 'spexis_benchmark_forced_acceptance'. Needs --load-format dummy.",
     )
     group.add_argument(
+        "--spexis-benchmark-length-oracle",
+        default=None,
+        metavar="PRESET|P/R|P/R,...",
+        help="BENCHMARK ONLY: stage 0's remaining-length buckets come from the true remaining "
+        "length (known for requests with ignore_eos: they end at max_new_tokens) degraded to a "
+        "stated precision P and recall R per threshold (4, 8, 16, 32, 64), instead of a "
+        "length predictor; for measuring --spexis-lookahead-admission on models with random "
+        "weights. PRESET: 'ours' (the shipped predictor's calibration), 'paper-l70' / "
+        "'paper-q32' (the paper's Table 4, ShareGPT), 'perfect'; or P/R for every threshold; "
+        "or five P/R pairs. Requests without ignore_eos (or with stop strings or a grammar) get "
+        "no prediction. Labelled in the log, /server_info "
+        "('spexis_benchmark_length_oracle') and the spexis:benchmark_mode metric. Needs "
+        "--load-format dummy; replaces --spexis-length-predictor.",
+    )
+    group.add_argument(
         "--spexis-log-interval",
         type=float,
         default=10.0,
@@ -235,8 +250,21 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         raise LaunchError(f"--spexis-alpha-explore must be >= 0, got {explore}")
     if args.spexis_log_interval < 0:
         raise LaunchError("--spexis-log-interval must be >= 0")
-    if args.spexis_lookahead_admission and args.spexis_length_predictor is None:
-        raise LaunchError("--spexis-lookahead-admission needs --spexis-length-predictor")
+    oracle_spec = args.spexis_benchmark_length_oracle
+    if (
+        args.spexis_lookahead_admission
+        and args.spexis_length_predictor is None
+        and oracle_spec is None
+    ):
+        raise LaunchError(
+            "--spexis-lookahead-admission needs --spexis-length-predictor (or, benchmark only, "
+            "--spexis-benchmark-length-oracle)"
+        )
+    if oracle_spec is not None and args.spexis_length_predictor is not None:
+        raise LaunchError(
+            "--spexis-benchmark-length-oracle replaces the length predictor's buckets: give "
+            "--spexis-length-predictor or the oracle, not both"
+        )
     if not args.spexis_admission_pdr > 0:
         raise LaunchError(f"--spexis-admission-pdr must be > 0, got {args.spexis_admission_pdr}")
     if args.spexis_float64 and server_args.device != "cpu":
@@ -248,6 +276,11 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             raise LaunchError("--spexis-alpha needs --spexis-draft-head (speculation is off)")
         if args.spexis_benchmark_force_accept is not None:
             raise LaunchError("--spexis-benchmark-force-accept needs --spexis-draft-head")
+        if oracle_spec is not None:
+            raise LaunchError(
+                "--spexis-benchmark-length-oracle needs --spexis-draft-head (its buckets feed "
+                "SP's look-ahead admission on stage 0)"
+            )
         if args.spexis_length_predictor is not None:
             raise LaunchError(
                 "--spexis-length-predictor needs --spexis-draft-head (it runs beside the "
@@ -312,6 +345,9 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     predictor = args.spexis_length_predictor
     if predictor is not None:
         predictor = resolve_length_predictor(predictor, server_args)
+    oracle = None
+    if oracle_spec is not None:
+        oracle = resolve_length_oracle(oracle_spec, server_args)
     return SpexisConfig(
         draft_head=head,
         alpha=alpha,
@@ -321,11 +357,34 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         force_accept=theta,
         log_interval=args.spexis_log_interval,
         length_predictor=predictor,
+        length_oracle=oracle,
         lookahead_admission=args.spexis_lookahead_admission,
         admission_pdr=args.spexis_admission_pdr,
         float64=args.spexis_float64,
         grammar_draft_mask=args.spexis_grammar_draft_mask,
     )
+
+
+def resolve_length_oracle(spec: str, server_args) -> dict:
+    """``--spexis-benchmark-length-oracle``: the target quality, benchmark servers only."""
+    from spexis_sglang.core.length_oracle import PRESET_NAMES, OracleSpecError
+    from spexis_sglang.srt.sp_length_oracle import resolve_oracle_quality
+
+    if server_args.load_format != "dummy":
+        raise LaunchError(
+            "--spexis-benchmark-length-oracle reads the true output lengths to fake the "
+            "length predictor; it is refused unless the weights are random anyway "
+            "(--load-format dummy)"
+        )
+    try:
+        return resolve_oracle_quality(spec).as_dict()
+    except OracleSpecError as e:
+        raise LaunchError(f"--spexis-benchmark-length-oracle {spec!r}: {e}") from None
+    except (OSError, KeyError, ValueError) as e:
+        raise LaunchError(
+            f"--spexis-benchmark-length-oracle {spec!r}: unreadable calibration ({e}); "
+            f"presets: {', '.join(PRESET_NAMES)}"
+        ) from None
 
 
 def parse_alpha(value: str) -> Tuple[float, bool]:

@@ -16,6 +16,9 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
 * :mod:`.slot_state` — the same bookkeeping in numpy arrays by request slot, a batch per call
   (the scheduler's hot path; ``SPState`` is its test oracle).
 * :mod:`.simulation` — brute-force simulations that check all of the above.
+* :mod:`.length_oracle` — benchmark only: remaining-length buckets from the true length,
+  degraded to a stated precision / recall per threshold (``--spexis-benchmark-length-oracle``).
+* :mod:`.row_hash` — the per-row uniform draws of the benchmark-only modes.
 """
 
 from .admission import (

@@ -64,6 +64,9 @@ class SpexisConfig:
     alpha_explore: int = AUTO_ALPHA_EXPLORE
     #: Benchmark-only: verification accepts a draft with this probability (None = real).
     force_accept: Optional[float] = None
+    #: Benchmark-only length oracle: the target quality (``core.length_oracle.OracleQuality``
+    #: as a dict) of the remaining-length buckets made from the true lengths (None = off).
+    length_oracle: Optional[dict] = None
     #: Seconds between the periodic Spexis statistics log lines (0 = never).
     log_interval: float = 10.0
     #: Artifact directory of the remaining-length predictor run on stage 0 (None = off).

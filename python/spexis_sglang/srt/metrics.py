@@ -7,13 +7,13 @@ Only stage 0 reports (every rank sees the same verdicts, so one is enough).
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Sequence
 
 
 class SpexisMetrics:
     """Counters and gauges fed from :class:`SpexisStats` deltas once per iteration."""
 
-    def __init__(self, labels: Dict[str, str]):
+    def __init__(self, labels: Dict[str, str], benchmark_modes: Sequence[str] = ()):
         from prometheus_client import Counter, Gauge
 
         self.labels = dict(labels)
@@ -71,6 +71,17 @@ class SpexisMetrics:
             labelnames=names,
             multiprocess_mode="mostrecent",
         )
+        # benchmark-only modes (forced acceptance, length oracle): 1 while on, so a dashboard
+        # or a scrape can never take such a server's numbers for a real one's
+        self.benchmark_mode = Gauge(
+            "spexis:benchmark_mode",
+            "1 for each benchmark-only mode this server runs in (mode: forced_acceptance, "
+            "length_oracle): its outputs or predictions are not the model's.",
+            labelnames=names + ["mode"],
+            multiprocess_mode="mostrecent",
+        )
+        for mode in benchmark_modes:
+            self.benchmark_mode.labels(**self.labels, mode=mode).set(1)
         self._last: Dict[str, float] = {}
 
     def update(self, stats: Dict[str, float]) -> None:

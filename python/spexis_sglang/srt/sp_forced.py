@@ -4,8 +4,8 @@ With dummy weights the draft head never agrees with the target, so throughput at
 acceptance rate Θ is measured by pretending: a row built on a draft accepts it with
 probability Θ, whatever the model said. Every rank must draw the same verdict without sharing
 a random stream, so the draw is a hash of (seed, request id, position, epoch) turned into a
-uniform number (splitmix64's finaliser), computed for a whole batch with numpy. The epoch is
-counted from the request's admission, so the draws do not depend on which slot it got.
+uniform number (splitmix64's finaliser, ``core/row_hash.py``), computed for a whole batch with
+numpy. The epoch is counted from the request's admission, so the draws do not depend on which slot it got.
 Outputs in this mode are not the model's: every token is labelled (``FORCED_LABEL``).
 """
 
@@ -17,41 +17,11 @@ from typing import Optional
 import numpy as np
 from sglang.srt.managers.schedule_batch import Req
 
+from spexis_sglang.core.row_hash import uniform64, uniform64_scalar
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt.protocol import FORCE_ACCEPT_PARAM, FORCED_LABEL
 
-__all__ = ["ForcedAcceptance", "force_accept_param_error", "uniform64"]
-
-_C1 = np.uint64(0x9E3779B97F4A7C15)
-_C2 = np.uint64(0xBF58476D1CE4E5B9)
-_C3 = np.uint64(0x94D049BB133111EB)
-_MASK64 = (1 << 64) - 1
-
-
-def uniform64(base: np.ndarray, position: np.ndarray, epoch: np.ndarray) -> np.ndarray:
-    """Uniform numbers in [0, 1) from three uint64 arrays (splitmix64's finaliser).
-
-    Unsigned arithmetic wraps modulo 2**64, as the hash wants."""
-    with np.errstate(over="ignore"):
-        x = base * _C1 + position * _C2 + epoch * _C3
-        x ^= x >> np.uint64(30)
-        x *= _C2
-        x ^= x >> np.uint64(27)
-        x *= _C3
-        x ^= x >> np.uint64(31)
-    return x.astype(np.float64) / 18446744073709551616.0
-
-
-def uniform64_scalar(base: int, position: int, epoch: int) -> float:
-    """:func:`uniform64` for one row, in Python integers (the reference for tests)."""
-    x = base * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB
-    x &= _MASK64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK64
-    x ^= x >> 31
-    return x / 18446744073709551616.0
+__all__ = ["ForcedAcceptance", "force_accept_param_error", "uniform64", "uniform64_scalar"]
 
 
 def force_accept_param_error(req: Req, mode_on: bool) -> Optional[str]:

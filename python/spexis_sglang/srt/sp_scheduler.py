@@ -87,6 +87,7 @@ from spexis_sglang.srt.protocol import (
 )
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
+from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL, make_length_oracle
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
 from spexis_sglang.srt.sp_sampling import SlotSampling
@@ -170,6 +171,7 @@ class SpexisScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         self.spexis_config: SpexisConfig = get_config()
         self.sp: Optional[SPLoopState] = None
+        self.sp_length_oracle = None  # set by init_sp_state on stage 0 (benchmark only)
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ set-up
@@ -252,12 +254,22 @@ class SpexisScheduler(Scheduler):
         if self.sp.rank0 and get_observability().enable_metrics:
             from spexis_sglang.srt.metrics import SpexisMetrics
 
-            self.sp_metrics = SpexisMetrics(self.metrics_collector.labels)
+            self.sp_metrics = SpexisMetrics(
+                self.metrics_collector.labels, benchmark_modes=self._sp_benchmark_modes()
+            )
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
         draft_log = env_value(ENV_DRAFT_LOG)
         self.sp_draft_log = (
             DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
         )
+        # benchmark only (--spexis-benchmark-length-oracle): stage 0's buckets from the truth
+        self.sp_length_oracle = None
+        if self.sp.rank0:
+            self.sp_length_oracle = make_length_oracle(
+                cfg.length_oracle, capacity, self.server_args.random_seed or 0
+            )
+        if self.sp_length_oracle is not None:
+            logger.warning(self.sp_length_oracle.log_line())
         self.sp_admission_gate = self._sp_make_admission_gate()
         # constrained decoding: stage 0 masks the drafts with the rows' grammars (sp_grammar)
         self.sp_grammar_draft_mask = self.sp.rank0 and sp_grammar.draft_masking_enabled(
@@ -295,7 +307,10 @@ class SpexisScheduler(Scheduler):
         from spexis_sglang.models.artifact import read_artifact_config
         from spexis_sglang.srt.admission_gate import AdmissionGate
 
-        extra = read_artifact_config(cfg.length_predictor).extra
+        if cfg.length_oracle is not None:  # benchmark only: the oracle's stated precision
+            extra = cfg.length_oracle
+        else:
+            extra = read_artifact_config(cfg.length_predictor).extra
         thresholds = extra.get("thresholds", DEFAULT_THRESHOLDS)
         gate = AdmissionGate(
             num_stages=self.ps.pp_size,
@@ -821,6 +836,8 @@ class SpexisScheduler(Scheduler):
                 rows = p.rows
                 if self.sp_draft_log is not None:
                     self._sp_log_drafts(rows, ids, conf, buckets)
+                if self.sp_length_oracle is not None:  # benchmark only: replaces a predictor
+                    buckets = self.sp_length_oracle.buckets(rows)
                 sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
                 if buckets is not None:
                     sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
@@ -962,6 +979,8 @@ class SpexisScheduler(Scheduler):
             if sp.forced is not None:
                 sp.forced.admit(slot, req, int(sp.slots.epoch(slot)[0]))
                 sp.forced.label(req)
+            if self.sp_length_oracle is not None:
+                self.sp_length_oracle.admit(slot, req, verified, limit)
             sp.running.reqs.append(req)
 
     def _sp_release(self, req: Req, retracted: bool) -> None:
@@ -1031,7 +1050,7 @@ class SpexisScheduler(Scheduler):
         self.sp_last_logged_iterations = stats.decode_iterations
         s = stats.as_dict()
         logger.info(
-            ("[BENCHMARK forced acceptance] " if self.spexis_config.force_accept else "")
+            "".join(f"[BENCHMARK {m.replace('_', ' ')}] " for m in self._sp_benchmark_modes())
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
             "normal %d, spec %d, stale %d, dropped %d, alpha %.2f, delayed admissions %d",
             s["acceptance_rate"],
@@ -1046,12 +1065,24 @@ class SpexisScheduler(Scheduler):
             s["admissions_delayed"],
         )
 
+    def _sp_benchmark_modes(self) -> List[str]:
+        """The benchmark-only modes this server runs in (labels for logs and metrics)."""
+        cfg = self.spexis_config
+        modes = []
+        if cfg.force_accept is not None:
+            modes.append("forced_acceptance")
+        if cfg.length_oracle is not None:
+            modes.append("length_oracle")
+        return modes
+
     def get_internal_state(self, recv_req):
         ret = super().get_internal_state(recv_req)
         if self.sp_enabled and self.sp is not None:
             ret.internal_state["spexis"] = self.sp.stats.as_dict()
             if self.sp.alpha is not None:
                 ret.internal_state["spexis_alpha"] = self.sp.alpha.as_dict()
+            if self.sp_length_oracle is not None:
+                ret.internal_state[LENGTH_ORACLE_LABEL] = self.sp_length_oracle.as_dict()
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
