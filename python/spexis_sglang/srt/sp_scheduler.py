@@ -84,6 +84,7 @@ from spexis_sglang.srt.protocol import (
     SpexisPlan,
 )
 from spexis_sglang.srt.sp_alpha import AlphaController
+from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
@@ -145,6 +146,8 @@ class SPLoopState:
     #: the request returns nothing but tokens (no logprobs, hidden states or grammar): a
     #: batch of such requests is built without scanning them (_sp_decode_batch)
     plain: np.ndarray
+    #: per-slot finish and stream prefilters of result processing (sp_emit)
+    emit: SlotEmit
     rank0: bool
     #: stage 0's drop ratio, fixed or chosen online (None on the other ranks)
     alpha: Optional[AlphaController] = None
@@ -237,6 +240,7 @@ class SpexisScheduler(Scheduler):
             forced=forced,
             length_bucket=np.full(capacity, -1, dtype=np.int64),
             plain=np.zeros(capacity, dtype=bool),
+            emit=SlotEmit(capacity, vocab),
             rank0=self.pp_group.is_first_rank,
             alpha=self._sp_make_alpha_controller(capacity),
         )
@@ -571,7 +575,8 @@ class SpexisScheduler(Scheduler):
     def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
         """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
         reqs = self.sp.req_at[rows.slot].tolist()
-        if self.sp.plain[rows.slot].all():
+        plain = bool(self.sp.plain[rows.slot].all())
+        if plain:
             # what init_new would find scanning every request: nothing to return but tokens
             batch = ScheduleBatch(
                 reqs=reqs,
@@ -617,6 +622,7 @@ class SpexisScheduler(Scheduler):
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
+        batch.spexis_plain = plain
         self.sp_set_penalties(batch)
         self.sp_set_grammar_masks(batch)
         return batch
@@ -871,6 +877,24 @@ class SpexisScheduler(Scheduler):
         st.tokens_committed += committed.size
         if committed.size == 0:
             return
+        if batch.spexis_plain:
+            # tokens only: SGLang's per-request finish check and streaming only where they
+            # can act (sp_emit)
+            reqs = batch.reqs
+            finished, to_stream = emit_batch(
+                sp.emit,
+                [reqs[i] for i in committed.tolist()],
+                rows.slot[committed],
+                true_ids[committed],
+                rows.position[committed],
+                time.perf_counter(),
+                forced.top_up if forced is not None else None,
+            )
+            for req in finished:
+                self._sp_release(req, retracted=False)
+            self.output_streamer.stream_output(to_stream, False)
+            self.metrics_reporter.num_generated_tokens += committed.size
+            return
         # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
         reqs = batch.reqs
@@ -939,6 +963,7 @@ class SpexisScheduler(Scheduler):
                 or req.grammar is not None
                 or req.return_hidden_states_mode != CaptureHiddenMode.NULL
             )
+            sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
                 sp.sampling.admit(slot, req)
             if sp.forced is not None:
@@ -950,6 +975,8 @@ class SpexisScheduler(Scheduler):
         """Stop a request's rows; its KV is freed once the rows in flight have drained."""
         sp = self.sp
         slot = req.req_pool_idx
+        if sp.forced is not None:
+            sp.forced.top_up(req)  # the fast emit path tags tokens when they stream
         allocated = int(sp.slots.allocated_len(slot)[0])
         req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, allocated)
         sp.slots.release(slot)
