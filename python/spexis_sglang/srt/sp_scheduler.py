@@ -30,9 +30,10 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
 
 What an iteration costs on the host (issue 12): the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
-so building a batch and verifying its results are a few dozen numpy operations; the only
-per-row Python left is what SGLang itself does per emitted token (append it, check for a
-finish, stream it). Only the last stage builds sampling state.
+so building a batch and verifying its results are a few dozen numpy operations. The per-row
+Python left is appending each committed token: for a batch that returns only tokens,
+``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
+act on and runs them only there. Only the last stage builds sampling state.
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
