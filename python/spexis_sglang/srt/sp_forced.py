@@ -12,7 +12,7 @@ Outputs in this mode are not the model's: every token is labelled (``FORCED_LABE
 from __future__ import annotations
 
 import zlib
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 from sglang.srt.managers.schedule_batch import Req
@@ -91,3 +91,13 @@ class ForcedAcceptance:
         """Tag the token just committed (after :meth:`label` on admission)."""
         values, theta = req.spexis_forced_labels
         values.append(theta)
+
+    @staticmethod
+    def top_up(req: Req) -> None:
+        """Tag every token committed since the last tag (after :meth:`label` on admission):
+        the labels are read only when the request's output is streamed, so the SP loop's fast
+        path tags them then, not per token."""
+        values, theta = req.spexis_forced_labels
+        missing = len(req.output_ids) - len(values)
+        if missing > 0:
+            values.extend([theta] * missing)

@@ -30,9 +30,10 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
 
 What an iteration costs on the host (issue 12): the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
-so building a batch and verifying its results are a few dozen numpy operations; the only
-per-row Python left is what SGLang itself does per emitted token (append it, check for a
-finish, stream it). Only the last stage builds sampling state.
+so building a batch and verifying its results are a few dozen numpy operations. The per-row
+Python left is appending each committed token: for a batch that returns only tokens,
+``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
+act on and runs them only there. Only the last stage builds sampling state.
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
@@ -86,6 +87,7 @@ from spexis_sglang.srt.protocol import (
     SpexisPlan,
 )
 from spexis_sglang.srt.sp_alpha import AlphaController
+from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL, make_length_oracle
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
@@ -148,6 +150,8 @@ class SPLoopState:
     #: the request returns nothing but tokens (no logprobs, hidden states or grammar): a
     #: batch of such requests is built without scanning them (_sp_decode_batch)
     plain: np.ndarray
+    #: per-slot finish and stream prefilters of result processing (sp_emit)
+    emit: SlotEmit
     rank0: bool
     #: stage 0's drop ratio, fixed or chosen online (None on the other ranks)
     alpha: Optional[AlphaController] = None
@@ -241,6 +245,7 @@ class SpexisScheduler(Scheduler):
             forced=forced,
             length_bucket=np.full(capacity, -1, dtype=np.int64),
             plain=np.zeros(capacity, dtype=bool),
+            emit=SlotEmit(capacity, vocab),
             rank0=self.pp_group.is_first_rank,
             alpha=self._sp_make_alpha_controller(capacity),
         )
@@ -594,7 +599,8 @@ class SpexisScheduler(Scheduler):
     def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
         """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
         reqs = self.sp.req_at[rows.slot].tolist()
-        if self.sp.plain[rows.slot].all():
+        plain = bool(self.sp.plain[rows.slot].all())
+        if plain:
             # what init_new would find scanning every request: nothing to return but tokens
             batch = ScheduleBatch(
                 reqs=reqs,
@@ -640,6 +646,7 @@ class SpexisScheduler(Scheduler):
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
+        batch.spexis_plain = plain
         self.sp_set_penalties(batch)
         self.sp_set_grammar_masks(batch)
         return batch
@@ -906,6 +913,24 @@ class SpexisScheduler(Scheduler):
         st.tokens_committed += committed.size
         if committed.size == 0:
             return
+        if batch.spexis_plain:
+            # tokens only: SGLang's per-request finish check and streaming only where they
+            # can act (sp_emit)
+            reqs = batch.reqs
+            finished, to_stream = emit_batch(
+                sp.emit,
+                [reqs[i] for i in committed.tolist()],
+                rows.slot[committed],
+                true_ids[committed],
+                rows.position[committed],
+                time.perf_counter(),
+                forced.top_up if forced is not None else None,
+            )
+            for req in finished:
+                self._sp_release(req, retracted=False)
+            self.output_streamer.stream_output(to_stream, False)
+            self.metrics_reporter.num_generated_tokens += committed.size
+            return
         # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
         reqs = batch.reqs
@@ -974,6 +999,7 @@ class SpexisScheduler(Scheduler):
                 or req.grammar is not None
                 or req.return_hidden_states_mode != CaptureHiddenMode.NULL
             )
+            sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
                 sp.sampling.admit(slot, req)
             if sp.forced is not None:
@@ -987,6 +1013,8 @@ class SpexisScheduler(Scheduler):
         """Stop a request's rows; its KV is freed once the rows in flight have drained."""
         sp = self.sp
         slot = req.req_pool_idx
+        if sp.forced is not None:
+            sp.forced.top_up(req)  # the fast emit path tags tokens when they stream
         allocated = int(sp.slots.allocated_len(slot)[0])
         req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, allocated)
         sp.slots.release(slot)
