@@ -1,14 +1,21 @@
-"""Look-ahead admission on vs off, side by side on CPU, under KV memory pressure.
+"""Look-ahead admission vs SGLang's admission, side by side on CPU, under KV memory pressure.
 
 Two SP servers on the default model (PP=2, bundled draft head, ``--max-total-tokens`` small
-enough that the load does not fit), the same burst of greedy chat requests that end at EOS or
-``max_new_tokens``. One server adds ``--spexis-length-predictor bundled
---spexis-lookahead-admission``. Reported per server: wall time, output tokens per second,
-retractions (requests evicted and recomputed), requests delayed, and how many outputs are
-identical between the two (admission changes only when requests run; on CPU fp32 a different
-batch composition can still flip a greedy near-tie, which the e2e tests classify).
+enough that the load does not fit), the same burst of greedy chat requests (the e2e suite's
+hand-written prompts, then MT-Bench first turns) that end at EOS or ``max_new_tokens``. One
+server adds ``--spexis-length-predictor bundled --spexis-lookahead-admission``: the gate's
+KV projection decides how many requests to admit in place of SGLang's reservation (issue 16).
 
-    .venv/bin/python benchmark/cpu/admission.py --prompts 32 --new-tokens 96 --kv-tokens 1200 \
+Reported per server: wall time and output tokens per second; what does not depend on the
+box's load: decode and prefill iterations to finish the burst, running rows per decode
+iteration (the batch the admission built), CPU seconds of the server's processes and output
+tokens per CPU second; retractions (requests evicted and recomputed); requests admitted early
+(SGLang's reservation would still have held them back) and delayed (it would have admitted
+them); and how many outputs are identical between the two (admission changes only when a
+request runs; on CPU fp32 a different batch can still flip a greedy near-tie, which the e2e
+tests classify). The load average before and after is recorded: the box is shared.
+
+    .venv/bin/python benchmark/cpu/admission.py --prompts 32 --new-tokens 256 --kv-tokens 1600 \
         --out benchmark/results/cpu_admission.json
 
 CPU numbers are correctness-level: a 2-core shared box, torch-native attention.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -25,6 +33,7 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
+import psutil  # noqa: E402
 import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
@@ -34,12 +43,28 @@ from spexis_sglang.testing import ServerProcess  # noqa: E402
 RETRACT_LINE = "KV cache pool is full, retracting request"
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the server's ranks)."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     server = ServerProcess(server_args).wait_ready()
     try:
+        cpu0 = _cpu_seconds(server.proc.pid)
         t0 = time.time()
         out = server.greedy_ids(prompts, new_tokens, ignore_eos=False)
         wall = time.time() - t0
+        cpu = _cpu_seconds(server.proc.pid) - cpu0
         info = requests.get(server.base_url + "/server_info", timeout=60).json()
         st = info["internal_states"][0]["spexis"]
         with open(server.log_path) as f:
@@ -53,11 +78,19 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
         "wall_s": round(wall, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / wall, 2),
+        "server_cpu_s": round(cpu, 1),
+        "output_tokens_per_cpu_s": round(tokens / cpu, 3),
         "retractions": retractions,
+        "admissions_early": st.get("admissions_early", 0),
         "admissions_delayed": st.get("admissions_delayed", 0),
         "admission_gated_iterations": st.get("admission_gated_iterations", 0),
+        "iterations": st["iterations"],
         "decode_iterations": st["decode_iterations"],
+        "prefill_iterations": st["iterations"] - st["decode_iterations"],
+        "rows_per_decode_iteration": round(st["avg_rows_per_decode_iteration"], 3),
+        "tokens_per_decode_iteration": round(st["avg_tokens_per_decode_iteration"], 3),
         "acceptance_rate": round(st["acceptance_rate"], 4),
+        "load_average_end": [round(x, 1) for x in os.getloadavg()],
     }
     print(json.dumps(rec), flush=True)
     return rec, out
@@ -66,8 +99,8 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--kv-tokens", type=int, default=1200)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--kv-tokens", type=int, default=1600)
     ap.add_argument("--pdr", type=float, default=2.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -81,6 +114,7 @@ def main() -> int:
     base += ["--max-total-tokens", str(args.kv_tokens), "--chunked-prefill-size", "256"]
     lookahead = base + ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
     lookahead += ["--spexis-admission-pdr", str(args.pdr)]
+    load_start = [round(x, 1) for x in os.getloadavg()]
     off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
     on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
     result = {
@@ -90,9 +124,18 @@ def main() -> int:
         "prompts": args.prompts,
         "max_new_tokens": args.new_tokens,
         "kv_tokens": args.kv_tokens,
+        "load_average_start": load_start,
         "runs": [off, on],
+        "output_lengths": [len(o) for o in out_off],
         "outputs_identical": sum(a == b for a, b in zip(out_off, out_on)),
         "throughput_ratio_lookahead_over_off": round(on["output_tok_s"] / off["output_tok_s"], 3),
+        "tokens_per_cpu_s_ratio": round(
+            on["output_tokens_per_cpu_s"] / off["output_tokens_per_cpu_s"], 3
+        ),
+        "decode_iterations_ratio_off_over_lookahead": round(
+            off["decode_iterations"] / on["decode_iterations"], 3
+        ),
+        "retractions_off_vs_lookahead": [off["retractions"], on["retractions"]],
     }
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     if args.out:

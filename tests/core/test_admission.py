@@ -440,4 +440,3 @@ def test_reservation_count_rejects_inconsistent_inputs():
         reservation_admit_count(10, [1], [1], [0], [1], [1])
     with pytest.raises(ValueError):
         reservation_admit_count(10, [], [], [], [1, 2], [1])
-

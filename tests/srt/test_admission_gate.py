@@ -93,4 +93,3 @@ def test_a_trusted_prediction_bounds_the_release_an_untrusted_one_does_not():
     args = (100, [150], [200], [1], 0.7, [60], [96])
     assert trusted.reservation_count(*args)[0] == 1
     assert untrusted.reservation_count(*args)[0] == 0
-

@@ -615,10 +615,10 @@ def reservation_admit_count(
     SGLang's admission reserves, at every step, each running request's future tokens and a
     new request's whole ``max_new_tokens``, as if nothing ever finished: memory that a
     request about to finish will free stays idle. This check plays the KV demand forward
-    instead, with bounds that err on the safe side: every request grows by at most one
-    token per iteration, up to its cap; running request ``j`` releases everything it holds
-    no later than iteration ``finish[j]`` (``inf``: not counted on). Relative to now, the
-    demand at iteration ``t`` with the first ``n`` waiting requests admitted is::
+    instead. Time ``t`` counts steps in which every request grows by at most one token (up
+    to its cap); running request ``j`` releases everything it holds no later than step
+    ``finish[j]`` (``inf``: not counted on). Relative to now, the demand at step ``t`` with
+    the first ``n`` waiting requests admitted is::
 
         D_n(t) = sum_{j: finish_j > t} min(t, grow_j) - sum_{j: finish_j <= t} held_j
                  + sum_{c < n} (prompts_c + min(t, grow_new_c))
@@ -633,7 +633,7 @@ def reservation_admit_count(
         free: KV tokens free now (available plus evictable).
         held: tokens each running request holds now.
         grow: tokens each running request may still take (its reservation).
-        finish: iteration by which each running request has released its memory.
+        finish: step (>= 1) by which each running request has released its memory.
         prompts: tokens each waiting request takes at admission (its prefill, plus a page).
         grow_new: tokens each waiting request may take after admission.
     """

@@ -20,8 +20,10 @@ nothing ever finished, so memory that finishing requests are about to free stays
 plays the demand forward (:func:`~spexis_sglang.core.admission.reservation_admit_count`) with
 each running request's release bounded in time: it has at most ``max_new_tokens - generated``
 tokens left (certain), or fewer than its predicted bucket's threshold (when the predictor is
-trusted), and a token takes at most ``N`` iterations. The count it allows is never below
-SGLang's; Algorithm 1 and ``G`` may still lower it. Retraction stays the safety net.
+trusted), while a new request grows from its prompt towards its ``max_new_tokens``; time is
+counted in tokens per request, since every running request advances at about one rate. The
+count it allows is never below SGLang's; Algorithm 1 and ``G`` may still lower it.
+Retraction stays the safety net.
 
 No SGLang import: the scheduler passes plain numbers, so the gate is tested without a server.
 """
@@ -46,9 +48,11 @@ THETA_STEP = 0.05
 #: a remaining-length bucket is taken to bound the request's remaining tokens only if the
 #: predictor's calibrated precision for it reaches this (the rest fall back to max_new_tokens)
 TRUST_PRECISION = 0.75
-#: the release bound in iterations is stretched by this factor: prefill iterations interleave
-#: with decoding, and a request frees its memory only once its in-flight rows have drained
-RELEASE_SLACK = 1.5
+#: time is counted in tokens per request: every running request rides every iteration with
+#: the same acceptance, so all advance at about one rate, and a request's release (after at
+#: most ``bound`` more tokens) is stretched by this factor, plus a token, for the spread
+#: between requests and the in-flight rows that drain before its memory is freed
+RELEASE_SLACK = 1.25
 
 
 class AdmissionGate:
@@ -152,9 +156,8 @@ class AdmissionGate:
             use = (b >= 0) & trusted[k]
             bound = np.where(use, np.minimum(bound, taus[k]), bound)
             grow = np.minimum(grow, bound)
-        # every request has finished within `bound` tokens of N iterations each, plus the
-        # pipeline's drain; not before iteration 1
-        finish = np.maximum(1.0, np.ceil(RELEASE_SLACK * self.num_stages * (bound + 1)))
+        # in steps of one token per request: released within `bound` tokens, with slack
+        finish = np.ceil(RELEASE_SLACK * (bound + 1))
         prompts = np.asarray(waiting_tokens, dtype=float) + page
         grow_new = np.asarray(waiting_max_new, dtype=float)
         n_proj = reservation_admit_count(free, held, grow, finish, prompts, grow_new)
