@@ -41,6 +41,21 @@ from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 RETRACT_LINE = "KV cache pool is full, retracting request"
+#: decode latency per iteration on this CPU, T(rows) = a + b * rows seconds, measured in
+#: benchmark/results/cpu_alpha_auto.json ("common_latency_fit"): it prices each run's decode
+#: work the same way, whatever the box's load was while the run took place
+LATENCY_FIT = (0.065645536453934, 0.03854917009143584)
+
+
+def priced(rec: dict) -> dict:
+    """Decode seconds the run's iterations and rows cost under LATENCY_FIT, and tokens/s."""
+    a, b = LATENCY_FIT
+    rows = rec["decode_iterations"] * rec["rows_per_decode_iteration"]
+    secs = a * rec["decode_iterations"] + b * rows
+    return {
+        "priced_decode_s": round(secs, 2),
+        "priced_tok_s": round(rec["output_tokens"] / secs, 2),
+    }
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -92,6 +107,7 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
         "acceptance_rate": round(st["acceptance_rate"], 4),
         "load_average_end": [round(x, 1) for x in os.getloadavg()],
     }
+    rec.update(priced(rec))
     print(json.dumps(rec), flush=True)
     return rec, out
 
@@ -135,6 +151,7 @@ def main() -> int:
         "decode_iterations_ratio_off_over_lookahead": round(
             off["decode_iterations"] / on["decode_iterations"], 3
         ),
+        "priced_throughput_ratio": round(on["priced_tok_s"] / off["priced_tok_s"], 3),
         "retractions_off_vs_lookahead": [off["retractions"], on["retractions"]],
     }
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))

@@ -54,9 +54,10 @@ def test_lookahead_admission_decides_the_count_under_memory_pressure_and_is_loss
     )
     assert alive
     assert f"Spexis look-ahead admission: KV capacity {KV_TOKENS} tokens, 2 stages" in log
-    # the predictor ran on stage 0 and the gate held requests back
+    # the predictor ran on stage 0; the gate admitted requests SGLang's reservation would
+    # still have held back, and held others back
     assert stats["rows_predicted_ending"] > 0
-    assert stats["admissions_delayed"] > 0 and stats["admission_gated_iterations"] > 0
+    assert stats["admissions_early"] > 0 and stats["admission_gated_iterations"] > 0
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("look-ahead admission vs plain:", cmp.summary())
     assert cmp.all_identical, cmp.summary()

@@ -158,6 +158,8 @@ class SPLoopState:
     pending_drafts: List[_PendingDrafts] = field(default_factory=list)
     #: look-ahead admission's cap for this iteration (read by get_num_allocatable_reqs)
     admit_cap: Optional[int] = None
+    #: stage 0: how many of the queue SGLang's own reservation would admit this iteration
+    admit_reservation: Optional[int] = None
     #: a request was released since ``running`` was last filtered
     released_since_filter: bool = False
     #: (running.reqs, their slots): rebuilt when the list changes
@@ -471,6 +473,10 @@ class SpexisScheduler(Scheduler):
         finally:
             sp.admit_cap = None
             setattr(sp.running, COUNT_ADMISSION, False)
+        if prefill is not None and sp.admit_reservation is not None:
+            # admitted while SGLang's reservation would still have held them back
+            sp.stats.admissions_early += max(0, len(prefill.reqs) - sp.admit_reservation)
+        sp.admit_reservation = None
         if prefill is not None:
             prefill.spexis_kind = "prefill"
             return prefill, plan_out
@@ -528,10 +534,7 @@ class SpexisScheduler(Scheduler):
             if not getattr(req, "spexis_admission_delayed", False):
                 req.spexis_admission_delayed = True
                 st.admissions_delayed += 1
-        for req in queue[n_sglang:n]:
-            if not getattr(req, "spexis_admitted_early", False):
-                req.spexis_admitted_early = True
-                st.admissions_early += 1
+        sp.admit_reservation = n_sglang
         return n
 
     def sp_build_decode_batch(
