@@ -15,8 +15,10 @@ them); and how many outputs are identical between the two (admission changes onl
 request runs; on CPU fp32 a different batch can still flip a greedy near-tie, which the e2e
 tests classify). The load average before and after is recorded: the box is shared.
 
-    .venv/bin/python benchmark/cpu/admission.py --prompts 32 --new-tokens 256 --kv-tokens 1600 \
-        --out benchmark/results/cpu_admission.json
+    .venv/bin/python benchmark/cpu/admission.py --prompts 24 --new-tokens 192 \
+        --kv-tokens 1200 800 --out benchmark/results/cpu_admission.json
+
+Each pool is one side-by-side pair (SGLang's admission first); the JSON is written after each.
 
 CPU numbers are correctness-level: a 2-core shared box, torch-native attention.
 """
@@ -112,34 +114,18 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     return rec, out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--kv-tokens", type=int, default=1600)
-    ap.add_argument("--pdr", type=float, default=2.0)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-
-    sys.path.insert(0, ".")
-    from tests.e2e.prompts import lossless_prompts
-
+def compare(kv_tokens: int, prompts, args) -> dict:
+    """SGLang's admission, then look-ahead admission, on a KV pool of ``kv_tokens``."""
     model = ensure_default_model()
-    prompts = lossless_prompts(model, args.prompts)
     base = ["--pp-size", "2", "--spexis-draft-head", bundled_draft_head(model, 2)]
-    base += ["--max-total-tokens", str(args.kv_tokens), "--chunked-prefill-size", "256"]
+    base += ["--max-total-tokens", str(kv_tokens), "--chunked-prefill-size", "256"]
     lookahead = base + ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
     lookahead += ["--spexis-admission-pdr", str(args.pdr)]
     load_start = [round(x, 1) for x in os.getloadavg()]
     off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
     on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
-    result = {
-        "script": "benchmark/cpu/admission.py",
-        "argv": sys.argv[1:],
-        "model": "SmolLM2-135M-Instruct (bundled), PP=2, CPU",
-        "prompts": args.prompts,
-        "max_new_tokens": args.new_tokens,
-        "kv_tokens": args.kv_tokens,
+    return {
+        "kv_tokens": kv_tokens,
         "load_average_start": load_start,
         "runs": [off, on],
         "output_lengths": [len(o) for o in out_off],
@@ -154,10 +140,37 @@ def main() -> int:
         "priced_throughput_ratio": round(on["priced_tok_s"] / off["priced_tok_s"], 3),
         "retractions_off_vs_lookahead": [off["retractions"], on["retractions"]],
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--kv-tokens", type=int, nargs="+", default=[1200, 800])
+    ap.add_argument("--pdr", type=float, default=2.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    sys.path.insert(0, ".")
+    from tests.e2e.prompts import lossless_prompts
+
+    prompts = lossless_prompts(ensure_default_model(), args.prompts)
+    result = {
+        "script": "benchmark/cpu/admission.py",
+        "argv": sys.argv[1:],
+        "model": "SmolLM2-135M-Instruct (bundled), PP=2, CPU",
+        "prompts": args.prompts,
+        "max_new_tokens": args.new_tokens,
+        "latency_fit": {"intercept_s": LATENCY_FIT[0], "slope_s": LATENCY_FIT[1]},
+        "pools": [],
+    }
+    for kv in args.kv_tokens:
+        pool = compare(kv, prompts, args)
+        result["pools"].append(pool)
+        print(json.dumps({k: v for k, v in pool.items() if k != "runs"}), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
     return 0
 
 
