@@ -1,15 +1,24 @@
-"""Look-ahead admission on vs off, side by side on CPU, under KV memory pressure.
+"""Look-ahead admission vs SGLang's admission, side by side on CPU, under KV memory pressure.
 
 Two SP servers on the default model (PP=2, bundled draft head, ``--max-total-tokens`` small
-enough that the load does not fit), the same burst of greedy chat requests that end at EOS or
-``max_new_tokens``. One server adds ``--spexis-length-predictor bundled
---spexis-lookahead-admission``. Reported per server: wall time, output tokens per second,
-retractions (requests evicted and recomputed), requests delayed, and how many outputs are
-identical between the two (admission changes only when requests run; on CPU fp32 a different
-batch composition can still flip a greedy near-tie, which the e2e tests classify).
+enough that the load does not fit), the same burst of greedy chat requests (the e2e suite's
+hand-written prompts, then MT-Bench first turns) that end at EOS or ``max_new_tokens``. One
+server adds ``--spexis-length-predictor bundled --spexis-lookahead-admission``: the gate's
+KV projection decides how many requests to admit in place of SGLang's reservation (issue 16).
 
-    .venv/bin/python benchmark/cpu/admission.py --prompts 32 --new-tokens 96 --kv-tokens 1200 \
-        --out benchmark/results/cpu_admission.json
+Reported per server: wall time and output tokens per second; what does not depend on the
+box's load: decode and prefill iterations to finish the burst, running rows per decode
+iteration (the batch the admission built), CPU seconds of the server's processes and output
+tokens per CPU second; retractions (requests evicted and recomputed); requests admitted early
+(SGLang's reservation would still have held them back) and delayed (it would have admitted
+them); and how many outputs are identical between the two (admission changes only when a
+request runs; on CPU fp32 a different batch can still flip a greedy near-tie, which the e2e
+tests classify). The load average before and after is recorded: the box is shared.
+
+    .venv/bin/python benchmark/cpu/admission.py --prompts 24 --new-tokens 192 \
+        --kv-tokens 1200 800 --out benchmark/results/cpu_admission.json
+
+Each pool is one side-by-side pair (SGLang's admission first); the JSON is written after each.
 
 CPU numbers are correctness-level: a 2-core shared box, torch-native attention.
 """
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -25,6 +35,7 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
+import psutil  # noqa: E402
 import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
@@ -32,14 +43,45 @@ from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 RETRACT_LINE = "KV cache pool is full, retracting request"
+#: decode latency per iteration on this CPU, T(rows) = a + b * rows seconds, measured in
+#: benchmark/results/cpu_alpha_auto.json ("common_latency_fit"): it prices each run's decode
+#: work the same way, whatever the box's load was while the run took place
+LATENCY_FIT = (0.065645536453934, 0.03854917009143584)
+
+
+def priced(rec: dict) -> dict:
+    """Decode seconds the run's iterations and rows cost under LATENCY_FIT, and tokens/s."""
+    a, b = LATENCY_FIT
+    rows = rec["decode_iterations"] * rec["rows_per_decode_iteration"]
+    secs = a * rec["decode_iterations"] + b * rows
+    return {
+        "priced_decode_s": round(secs, 2),
+        "priced_tok_s": round(rec["output_tokens"] / secs, 2),
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the server's ranks)."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     server = ServerProcess(server_args).wait_ready()
     try:
+        cpu0 = _cpu_seconds(server.proc.pid)
         t0 = time.time()
         out = server.greedy_ids(prompts, new_tokens, ignore_eos=False)
         wall = time.time() - t0
+        cpu = _cpu_seconds(server.proc.pid) - cpu0
         info = requests.get(server.base_url + "/server_info", timeout=60).json()
         st = info["internal_states"][0]["spexis"]
         with open(server.log_path) as f:
@@ -53,21 +95,58 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
         "wall_s": round(wall, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / wall, 2),
+        "server_cpu_s": round(cpu, 1),
+        "output_tokens_per_cpu_s": round(tokens / cpu, 3),
         "retractions": retractions,
+        "admissions_early": st.get("admissions_early", 0),
         "admissions_delayed": st.get("admissions_delayed", 0),
         "admission_gated_iterations": st.get("admission_gated_iterations", 0),
+        "iterations": st["iterations"],
         "decode_iterations": st["decode_iterations"],
+        "prefill_iterations": st["iterations"] - st["decode_iterations"],
+        "rows_per_decode_iteration": round(st["avg_rows_per_decode_iteration"], 3),
+        "tokens_per_decode_iteration": round(st["avg_tokens_per_decode_iteration"], 3),
         "acceptance_rate": round(st["acceptance_rate"], 4),
+        "load_average_end": [round(x, 1) for x in os.getloadavg()],
     }
+    rec.update(priced(rec))
     print(json.dumps(rec), flush=True)
     return rec, out
 
 
+def compare(kv_tokens: int, prompts, args) -> dict:
+    """SGLang's admission, then look-ahead admission, on a KV pool of ``kv_tokens``."""
+    model = ensure_default_model()
+    base = ["--pp-size", "2", "--spexis-draft-head", bundled_draft_head(model, 2)]
+    base += ["--max-total-tokens", str(kv_tokens), "--chunked-prefill-size", "256"]
+    lookahead = base + ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
+    lookahead += ["--spexis-admission-pdr", str(args.pdr)]
+    load_start = [round(x, 1) for x in os.getloadavg()]
+    off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
+    on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
+    return {
+        "kv_tokens": kv_tokens,
+        "load_average_start": load_start,
+        "runs": [off, on],
+        "output_lengths": [len(o) for o in out_off],
+        "outputs_identical": sum(a == b for a, b in zip(out_off, out_on)),
+        "throughput_ratio_lookahead_over_off": round(on["output_tok_s"] / off["output_tok_s"], 3),
+        "tokens_per_cpu_s_ratio": round(
+            on["output_tokens_per_cpu_s"] / off["output_tokens_per_cpu_s"], 3
+        ),
+        "decode_iterations_ratio_off_over_lookahead": round(
+            off["decode_iterations"] / on["decode_iterations"], 3
+        ),
+        "priced_throughput_ratio": round(on["priced_tok_s"] / off["priced_tok_s"], 3),
+        "retractions_off_vs_lookahead": [off["retractions"], on["retractions"]],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--kv-tokens", type=int, default=1200)
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--kv-tokens", type=int, nargs="+", default=[1200, 800])
     ap.add_argument("--pdr", type=float, default=2.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -75,29 +154,23 @@ def main() -> int:
     sys.path.insert(0, ".")
     from tests.e2e.prompts import lossless_prompts
 
-    model = ensure_default_model()
-    prompts = lossless_prompts(model, args.prompts)
-    base = ["--pp-size", "2", "--spexis-draft-head", bundled_draft_head(model, 2)]
-    base += ["--max-total-tokens", str(args.kv_tokens), "--chunked-prefill-size", "256"]
-    lookahead = base + ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
-    lookahead += ["--spexis-admission-pdr", str(args.pdr)]
-    off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
-    on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
+    prompts = lossless_prompts(ensure_default_model(), args.prompts)
     result = {
         "script": "benchmark/cpu/admission.py",
         "argv": sys.argv[1:],
         "model": "SmolLM2-135M-Instruct (bundled), PP=2, CPU",
         "prompts": args.prompts,
         "max_new_tokens": args.new_tokens,
-        "kv_tokens": args.kv_tokens,
-        "runs": [off, on],
-        "outputs_identical": sum(a == b for a, b in zip(out_off, out_on)),
-        "throughput_ratio_lookahead_over_off": round(on["output_tok_s"] / off["output_tok_s"], 3),
+        "latency_fit": {"intercept_s": LATENCY_FIT[0], "slope_s": LATENCY_FIT[1]},
+        "pools": [],
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    for kv in args.kv_tokens:
+        pool = compare(kv, prompts, args)
+        result["pools"].append(pool)
+        print(json.dumps({k: v for k, v in pool.items() if k != "runs"}), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
     return 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from spexis_sglang.core.admission import AdmissionPlanner, gain
+from spexis_sglang.core.admission import AdmissionPlanner, gain, reservation_admit_count
 from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS, LookaheadModel
 from spexis_sglang.core.simulation import simulate_admission
 
@@ -372,3 +372,71 @@ def test_non_fcfs_lets_small_requests_pass(big_fits_later: bool) -> None:
     assert not free.admit_now[0] and free.admit_now[1]  # the small one fits now
     assert free[1].reason == "fits"
     assert (free[0].delay_iters is not None) == big_fits_later
+
+
+# ---------------------------------------------------------------- reservation over time
+
+
+def brute_force_count(free, held, grow, finish, prompts, grow_new, t_max=400):
+    """The demand D_n(t) of reservation_admit_count's docstring, iteration by iteration."""
+    best = 0
+    for n in range(len(prompts) + 1):
+        ok = True
+        for t in range(t_max + 1):
+            d = sum(min(t, g) if f > t else -h for h, g, f in zip(held, grow, finish))
+            d += sum(p + min(t, m) for p, m in zip(prompts[:n], grow_new[:n]))
+            if d > free:
+                ok = False
+                break
+        if not ok:
+            break
+        best = n
+    return best
+
+
+def test_with_no_release_counted_on_the_check_is_sglangs_reservation():
+    """Nothing finishes: running requests' reservations plus each new prompt and max_new."""
+    inf = float("inf")
+    # 100 free; running reserve 30; new requests need 20 + 30 each: one fits (80), two do not
+    assert reservation_admit_count(100, [200], [30], [inf], [20, 20], [30, 30]) == 1
+    assert reservation_admit_count(130, [200], [30], [inf], [20, 20], [30, 30]) == 2
+    assert reservation_admit_count(100, [], [], [], [], []) == 0
+
+
+def test_a_request_about_to_finish_lends_its_memory_to_a_new_one():
+    """100 free, a running request holding 150 has at most 5 tokens left (released by
+    iteration 10): a 60-token prompt with 96 tokens to go fits over time though SGLang's
+    reservation (5 + 60 + 96 > 100) refuses it; released only at iteration 60, it does not."""
+    assert reservation_admit_count(100, [150], [5], [float("inf")], [60], [96]) == 0
+    assert reservation_admit_count(100, [150], [5], [10], [60], [96]) == 1
+    # by iteration 59 the new request holds 60 + 59 > 100 - 5
+    assert reservation_admit_count(100, [150], [5], [60], [60], [96]) == 0
+    # the prompt itself must fit now
+    assert reservation_admit_count(100, [150], [5], [1], [101], [0]) == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    free=st.integers(0, 300),
+    running=st.lists(
+        st.tuples(st.integers(1, 200), st.integers(0, 80), st.integers(1, 300)), max_size=5
+    ),
+    waiting=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 120)), max_size=5),
+)
+def test_reservation_count_matches_iteration_by_iteration_demand(free, running, waiting):
+    held, grow, finish = (list(x) for x in zip(*running)) if running else ([], [], [])
+    prompts, grow_new = (list(x) for x in zip(*waiting)) if waiting else ([], [])
+    got = reservation_admit_count(free, held, grow, finish, prompts, grow_new)
+    assert got == brute_force_count(free, held, grow, finish, prompts, grow_new)
+    # counting on no release can only admit fewer
+    never = [float("inf")] * len(held)
+    assert reservation_admit_count(free, held, grow, never, prompts, grow_new) <= got
+
+
+def test_reservation_count_rejects_inconsistent_inputs():
+    with pytest.raises(ValueError):
+        reservation_admit_count(10, [1, 2], [1], [3, 4], [1], [1])
+    with pytest.raises(ValueError):
+        reservation_admit_count(10, [1], [1], [0], [1], [1])
+    with pytest.raises(ValueError):
+        reservation_admit_count(10, [], [], [], [1, 2], [1])

@@ -69,3 +69,27 @@ def test_uncalibrated_thresholds_and_bad_inputs():
         _gate(precision=(0.8,) * 4)
     with pytest.raises(ValueError, match="capacity must be > 0"):
         _gate(capacity=0)
+
+
+def test_reservation_count_is_never_below_sglangs_and_counts_on_certain_finishes():
+    """100 free; one running request holds 150 with 4 tokens left of max_new_tokens (a
+    certain finish within a few iterations) and SGLang's ratio 0.7: SGLang's reservation
+    (2.8 + 60 + 1 + 96) refuses the 60-token prompt, the projection admits it."""
+    gate = _gate(capacity=1000)
+    n_proj, n_sglang = gate.reservation_count(100, [150], [4], [-1], 0.7, [60], [96])
+    assert (n_proj, n_sglang) == (1, 0)
+    # with 200 tokens left the request may run far past the new one's growth: both refuse
+    assert gate.reservation_count(100, [150], [200], [-1], 0.7, [60], [96]) == (0, 0)
+    # SGLang's own count: reservations + prompt + page + max_new strictly below free
+    assert gate.reservation_count(1000, [150], [200], [-1], 0.7, [60, 60], [96, 96]) == (2, 2)
+    assert gate.reservation_count(296, [150], [200], [-1], 0.7, [60, 60], [96, 96])[1] == 0
+
+
+def test_a_trusted_prediction_bounds_the_release_an_untrusted_one_does_not():
+    """200 tokens of max_new_tokens left, but predicted to end within 8 (bucket 1): with the
+    predictor's precision trusted the memory is released in time for the new request."""
+    trusted = _gate(precision=(0.8,) * 5)
+    untrusted = _gate(precision=(0.5,) * 5)
+    args = (100, [150], [200], [1], 0.7, [60], [96])
+    assert trusted.reservation_count(*args)[0] == 1
+    assert untrusted.reservation_count(*args)[0] == 0

@@ -45,7 +45,14 @@ from .lookahead import LookaheadModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["gain", "AdmissionDecision", "AdmissionPlan", "EvictionForecast", "AdmissionPlanner"]
+__all__ = [
+    "gain",
+    "AdmissionDecision",
+    "AdmissionPlan",
+    "EvictionForecast",
+    "AdmissionPlanner",
+    "reservation_admit_count",
+]
 
 
 def gain(
@@ -593,3 +600,62 @@ class AdmissionPlanner:
         if i_n <= h + 1:
             return float(fin[:i_n].sum())
         return float(fin.sum() + (i_n - h - 1) * fin[h])
+
+
+def reservation_admit_count(
+    free: float,
+    held: Sequence[float] | np.ndarray,
+    grow: Sequence[float] | np.ndarray,
+    finish: Sequence[float] | np.ndarray,
+    prompts: Sequence[float] | np.ndarray,
+    grow_new: Sequence[float] | np.ndarray,
+) -> int:
+    """How many waiting requests (a prefix of the queue) fit over time, not just now.
+
+    SGLang's admission reserves, at every step, each running request's future tokens and a
+    new request's whole ``max_new_tokens``, as if nothing ever finished: memory that a
+    request about to finish will free stays idle. This check plays the KV demand forward
+    instead. Time ``t`` counts steps in which every request grows by at most one token (up
+    to its cap); running request ``j`` releases everything it holds no later than step
+    ``finish[j]`` (``inf``: not counted on). Relative to now, the demand at step ``t`` with
+    the first ``n`` waiting requests admitted is::
+
+        D_n(t) = sum_{j: finish_j > t} min(t, grow_j) - sum_{j: finish_j <= t} held_j
+                 + sum_{c < n} (prompts_c + min(t, grow_new_c))
+
+    and ``n`` is the largest count with ``D_n(t) <= free`` for every ``t >= 0``. Between two
+    releases ``D_n`` never decreases, so its peak is at an iteration just before a release
+    or at the end. With no release counted on (every ``finish`` infinite) this is SGLang's
+    own check, ``sum grow + sum (prompt + grow_new) <= free``; a release can only lower the
+    peak, so the count is never below that.
+
+    Args:
+        free: KV tokens free now (available plus evictable).
+        held: tokens each running request holds now.
+        grow: tokens each running request may still take (its reservation).
+        finish: step (>= 1) by which each running request has released its memory.
+        prompts: tokens each waiting request takes at admission (its prefill, plus a page).
+        grow_new: tokens each waiting request may take after admission.
+    """
+    pr = np.asarray(prompts, dtype=float)
+    gn = np.asarray(grow_new, dtype=float)
+    if pr.shape != gn.shape or pr.ndim != 1:
+        raise ValueError("prompts and grow_new must be 1-D arrays of one length")
+    if pr.size == 0:
+        return 0
+    hl = np.asarray(held, dtype=float)
+    gr = np.asarray(grow, dtype=float)
+    fin = np.asarray(finish, dtype=float)
+    if not (hl.shape == gr.shape == fin.shape):
+        raise ValueError("held, grow and finish must have one length")
+    if (fin < 1).any():
+        raise ValueError("finish must be >= 1 iteration")
+    # peak candidates: the iteration before each release, and the end (after every release)
+    ends = np.unique(fin[np.isfinite(fin)] - 1.0)
+    t = np.concatenate((ends, [np.inf]))
+    running = (fin[None, :] > t[:, None]) | np.isinf(fin)[None, :]  # (T, B)
+    base = np.where(running, np.minimum(t[:, None], gr[None, :]), -hl[None, :]).sum(axis=1)
+    new = pr[:, None] + np.minimum(t[None, :], gn[:, None])  # (W, T)
+    demand = base[None, :] + np.cumsum(new, axis=0)
+    ok = (demand <= free).all(axis=1)
+    return int(pr.size if ok.all() else ok.argmin())

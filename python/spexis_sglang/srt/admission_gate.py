@@ -13,15 +13,29 @@ others run. The gate feeds :class:`spexis_sglang.core.admission.AdmissionPlanner
 and gets back the number of requests (from the head of the queue) to admit now. The answer
 travels to the later stages in the iteration's plan, so every rank admits the same requests.
 
+How many the KV pool allows is the gate's too (:meth:`AdmissionGate.reservation_count`, issue
+16): SGLang's admission reserves each running request's future tokens (``new_token_ratio``
+times what ``max_new_tokens`` leaves) and a new request's whole ``max_new_tokens`` as if
+nothing ever finished, so memory that finishing requests are about to free stays idle. The gate
+plays the demand forward (:func:`~spexis_sglang.core.admission.reservation_admit_count`) with
+each running request's release bounded in time: it has at most ``max_new_tokens - generated``
+tokens left (certain), or fewer than its predicted bucket's threshold (when the predictor is
+trusted), while a new request grows from its prompt towards its ``max_new_tokens``; time is
+counted in tokens per request, since every running request advances at about one rate. The
+count it allows is never below SGLang's; Algorithm 1 and ``G`` may still lower it.
+Retraction stays the safety net.
+
 No SGLang import: the scheduler passes plain numbers, so the gate is tested without a server.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
-from spexis_sglang.core.admission import AdmissionPlanner
+import numpy as np
+
+from spexis_sglang.core.admission import AdmissionPlanner, reservation_admit_count
 from spexis_sglang.core.lookahead import LookaheadModel
 
 #: Verdicts worth of the prior acceptance (0.5) blended into the measured one, so the first
@@ -31,6 +45,14 @@ PRIOR_THETA = 0.5
 #: theta is rounded to this step so that the look-ahead tables are built a few times, not
 #: every iteration.
 THETA_STEP = 0.05
+#: a remaining-length bucket is taken to bound the request's remaining tokens only if the
+#: predictor's calibrated precision for it reaches this (the rest fall back to max_new_tokens)
+TRUST_PRECISION = 0.75
+#: time is counted in tokens per request: every running request rides every iteration with
+#: the same acceptance, so all advance at about one rate, and a request's release (after at
+#: most ``bound`` more tokens) is stretched by this factor, plus a token, for the spread
+#: between requests and the in-flight rows that drain before its memory is freed
+RELEASE_SLACK = 1.25
 
 
 class AdmissionGate:
@@ -97,3 +119,50 @@ class AdmissionGate:
         if not lengths:
             return len(waiting_tokens)
         return self.planner(theta).decide(lengths, buckets, waiting_tokens).num_admit_now
+
+    def reservation_count(
+        self,
+        free: int,
+        held: Sequence[int],
+        remaining: Sequence[int],
+        buckets: Sequence[int],
+        ratio: float,
+        waiting_tokens: Sequence[int],
+        waiting_max_new: Sequence[int],
+        page: int = 1,
+    ) -> Tuple[int, int]:
+        """How many requests from the head of the queue the KV pool allows now: the
+        projection's count and SGLang's own, ``(n_projection, n_sglang)``.
+
+        Args:
+            free: KV tokens free now (available plus evictable).
+            held: tokens each running request holds.
+            remaining: tokens each running request may still generate (``max_new_tokens``
+                minus its output, clipped as SGLang clips it): a certain bound.
+            buckets: predicted remaining-length bucket per running request (-1: none).
+            ratio: SGLang's ``new_token_ratio``: the share of ``remaining`` it reserves.
+            waiting_tokens: tokens each waiting request prefills.
+            waiting_max_new: tokens each waiting request may generate.
+            page: KV page size (SGLang reserves one page per admitted request).
+        """
+        rem = np.asarray(remaining, dtype=float)
+        grow = np.ceil(ratio * rem)
+        bound = rem.copy()
+        b = np.asarray(buckets, dtype=np.int64)
+        if b.size:
+            taus = np.asarray(self.thresholds, dtype=float)
+            trusted = np.asarray(self.precision, dtype=float) >= TRUST_PRECISION
+            k = np.clip(b, 0, len(taus) - 1)
+            use = (b >= 0) & trusted[k]
+            bound = np.where(use, np.minimum(bound, taus[k]), bound)
+            grow = np.minimum(grow, bound)
+        # in steps of one token per request: released within `bound` tokens, with slack
+        finish = np.ceil(RELEASE_SLACK * (bound + 1))
+        prompts = np.asarray(waiting_tokens, dtype=float) + page
+        grow_new = np.asarray(waiting_max_new, dtype=float)
+        n_proj = reservation_admit_count(free, held, grow, finish, prompts, grow_new)
+        # SGLang's PrefillAdder: admit while reservations + prompt + max_new + page < free
+        cum = float((ratio * rem).sum()) + np.cumsum(prompts + grow_new)
+        fits = cum < free
+        n_sglang = int(fits.size if fits.all() else fits.argmin())
+        return max(n_proj, n_sglang), n_sglang

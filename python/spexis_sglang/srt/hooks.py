@@ -9,6 +9,9 @@ What is installed (SGLang's own extension points, no patches):
 
 * ``sglang.srt.managers.scheduler.Scheduler`` -> :class:`SpexisScheduler` (``run_scheduler_process``
   looks the class up at call time);
+* ``sglang.srt.managers.scheduler.PrefillAdder`` -> :class:`~.prefill_adder.SpexisPrefillAdder`
+  under ``--spexis-lookahead-admission`` (``_get_new_batch_prefill_raw`` looks it up at call
+  time; it is SGLang's adder unless the scheduler admits by the gate's count);
 * with a draft head configured, the Spexis model classes in SGLang's ``ModelRegistry``
   (the stage-0 model runs the draft head inside its forward);
 * on CPU, torch stand-ins for the paged KV allocator's two triton kernels
@@ -47,6 +50,10 @@ def install() -> None:
         install_cpu_paged_kernels()
     if get_config().float64:
         register_float64_dtype()
+    if get_config().lookahead_admission:
+        from spexis_sglang.srt.prefill_adder import SpexisPrefillAdder
+
+        scheduler_module.PrefillAdder = SpexisPrefillAdder
     if get_config().enabled:
         from spexis_sglang.srt.draft_model import install_model_classes
 

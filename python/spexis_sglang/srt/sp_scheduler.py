@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
 from sglang.srt.model_executor.forward_batch_info import (
@@ -75,6 +76,7 @@ from spexis_sglang.srt.config import (
     get_config,
 )
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
 from spexis_sglang.srt.profiling import DraftLog
 from spexis_sglang.srt.protocol import (
     FORCE_ACCEPT_PARAM,
@@ -163,10 +165,18 @@ class SPLoopState:
     pending_drafts: List[_PendingDrafts] = field(default_factory=list)
     #: look-ahead admission's cap for this iteration (read by get_num_allocatable_reqs)
     admit_cap: Optional[int] = None
+    #: stage 0: how many of the queue SGLang's own reservation would admit this iteration
+    admit_reservation: Optional[int] = None
     #: a request was released since ``running`` was last filtered
     released_since_filter: bool = False
     #: (running.reqs, their slots): rebuilt when the list changes
     running_slots: Optional[Tuple[list, np.ndarray]] = None
+
+
+def _max_new_left(req: Req) -> int:
+    """Tokens ``req`` may still generate, clipped as SGLang's admission clips them."""
+    left = req.sampling_params.max_new_tokens - len(req.output_ids)
+    return max(0, min(left, CLIP_MAX_NEW_TOKENS))
 
 
 class SpexisScheduler(Scheduler):
@@ -484,10 +494,17 @@ class SpexisScheduler(Scheduler):
             # the limit is decided afresh every iteration: a "full" batch it caused must not
             # outlive it (stock SGLang clears batch_is_full only when memory frees up)
             sp.running.batch_is_full = False
+        # a cap is the gate's count: it replaces SGLang's token reservation (prefill_adder)
+        setattr(sp.running, COUNT_ADMISSION, sp.admit_cap is not None)
         try:
             prefill = self.get_new_batch_prefill(sp.running).batch_to_run
         finally:
             sp.admit_cap = None
+            setattr(sp.running, COUNT_ADMISSION, False)
+        if prefill is not None and sp.admit_reservation is not None:
+            # admitted while SGLang's reservation would still have held them back
+            sp.stats.admissions_early += max(0, len(prefill.reqs) - sp.admit_reservation)
+        sp.admit_reservation = None
         if prefill is not None:
             prefill.spexis_kind = "prefill"
             return prefill, plan_out
@@ -505,10 +522,12 @@ class SpexisScheduler(Scheduler):
         return cached[1]
 
     def sp_admission_cap(self, plan_in: Optional[SpexisPlan]) -> Optional[int]:
-        """How many waiting requests may be admitted this iteration (None = no limit).
+        """How many waiting requests may be admitted this iteration (None = SGLang decides).
 
-        Stage 0 asks the look-ahead gate; the later stages take stage 0's answer from the
-        plan (their queues mirror stage 0's, so the same requests are admitted)."""
+        Stage 0 asks the look-ahead gate: the KV projection's count (which replaces SGLang's
+        reservation, so it may exceed what SGLang would admit), lowered by Algorithm 1 and
+        ``G`` when an eviction looms. The later stages take stage 0's answer from the plan
+        (their queues and memory mirror stage 0's, so the same requests are admitted)."""
         sp = self.sp
         if not sp.rank0:
             return plan_in.admit_cap if plan_in is not None else None
@@ -520,17 +539,30 @@ class SpexisScheduler(Scheduler):
         slots = self._sp_running_slots()
         lengths = sp.slots.kv_len(slots).tolist()
         buckets = sp.length_bucket[slots].tolist()
-        waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in self.waiting_queue]
+        queue = self.waiting_queue
+        waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in queue]
         st = sp.stats
         theta = gate.theta(st.accepted, st.rejected, st.drafts_dropped)
-        n = gate.admit_count(lengths, buckets, waiting, theta)
-        if n >= len(waiting):
-            return None
-        st.admission_gated_iterations += 1
-        for req in self.waiting_queue[n:]:
+        n_gate = gate.admit_count(lengths, buckets, waiting, theta)
+        n_proj, n_sglang = gate.reservation_count(
+            free=self.token_to_kv_pool_allocator.available_size()
+            + self.tree_cache.evictable_size(),
+            held=lengths,
+            remaining=[_max_new_left(r) for r in sp.running.reqs],
+            buckets=buckets,
+            ratio=self.new_token_ratio_tracker.current,
+            waiting_tokens=waiting,
+            waiting_max_new=[_max_new_left(r) for r in queue],
+            page=self.token_to_kv_pool_allocator.page_size,
+        )
+        n = min(n_gate, n_proj)
+        if n < len(waiting):
+            st.admission_gated_iterations += 1
+        for req in queue[n:n_sglang]:
             if not getattr(req, "spexis_admission_delayed", False):
                 req.spexis_admission_delayed = True
                 st.admissions_delayed += 1
+        sp.admit_reservation = n_sglang
         return n
 
     def sp_build_decode_batch(

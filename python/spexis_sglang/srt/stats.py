@@ -255,9 +255,12 @@ class SpexisStats:
     accepted: int = 0
     rejected: int = 0
     drafts_dropped: int = 0
-    # look-ahead admission: requests delayed at least once, iterations that held some back
+    # look-ahead admission: requests held back at least once that SGLang's reservation would
+    # have admitted, iterations that held some back, requests admitted while SGLang's
+    # reservation would still have held them back
     admissions_delayed: int = 0
     admission_gated_iterations: int = 0
+    admissions_early: int = 0
     # decode rows the length predictor said end within 64 tokens (bucket >= 0)
     rows_predicted_ending: int = 0
     # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every

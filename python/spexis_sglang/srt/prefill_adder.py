@@ -1,0 +1,50 @@
+"""SGLang's ``PrefillAdder`` with its token reservation replaced by a count (issue 16).
+
+Under ``--spexis-lookahead-admission`` stage 0's gate decides how many waiting requests to
+admit from a projection of the KV demand over time (:mod:`spexis_sglang.srt.admission_gate`),
+and the count reaches every rank in the iteration's plan (``SpexisPlan.admit_cap``) and
+SGLang's loop through ``get_num_allocatable_reqs``. SGLang's adder would still refuse a request
+once its reservation (future tokens of the running requests, the new request's whole
+``max_new_tokens``) exceeds the free memory, which is exactly the idle memory the projection
+lends out. With the flag :data:`COUNT_ADMISSION` set on the running batch for one pass, this
+adder keeps every other budget of SGLang's (prefill tokens, chunk size, the prompt must fit in
+the memory free now) and lets the count be the limit. Without the flag it is SGLang's adder.
+
+Installed in place of SGLang's class in every scheduler process (``hooks.install``):
+``Scheduler._get_new_batch_prefill_raw`` looks ``PrefillAdder`` up at call time.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.managers.schedule_policy import (
+    CLIP_MAX_NEW_TOKENS,
+    AddReqResult,
+    PrefillAdder,
+)
+
+#: attribute of the running ``ScheduleBatch``: admit by the gate's count this pass
+COUNT_ADMISSION = "spexis_count_admission"
+
+
+class SpexisPrefillAdder(PrefillAdder):
+    """``PrefillAdder`` that, when the scheduler admits by count, reserves no future tokens."""
+
+    @property
+    def count_admission(self) -> bool:
+        return bool(getattr(self.running_batch, COUNT_ADMISSION, False))
+
+    @property
+    def rem_total_tokens(self):
+        if not self.count_admission:
+            return super().rem_total_tokens
+        # SGLang compares prompt + max_new_tokens + a page against this: with the reservation
+        # replaced, what is left of the check is the prompt against the memory free now
+        # (add_one_req below makes that exact)
+        return self.cur_rem_tokens + CLIP_MAX_NEW_TOKENS + self.page_size
+
+    def add_one_req(self, req, has_chunked_req, truncation_align_size):
+        if self.count_admission:
+            extend = len(req.full_untruncated_fill_ids) - len(req.prefix_indices)
+            if self.ceil_paged_tokens(extend) + self.page_size > self.cur_rem_tokens:
+                return AddReqResult.NO_TOKEN
+        return super().add_one_req(req, has_chunked_req, truncation_align_size)
