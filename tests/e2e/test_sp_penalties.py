@@ -45,13 +45,17 @@ MIN_NEW_TOKENS = 20
 # EOS and the request's stop_token_ids: without this, min_new_tokens does nothing on this model
 # (in plain SGLang as well).
 IM_END = 2
+# Both servers also run a reasoning parser, so that requests with ``require_reasoning`` count
+# their reasoning tokens (test_reasoning_tokens_equal_plain_sglang); it changes nothing else
+# for these requests (no grammars, no chat template).
+REASONING = ["--reasoning-parser", "deepseek-r1"]
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
-BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
+BASELINE = ["--pp-size", "1", "--disable-overlap-schedule", *REASONING]
 
 
 @pytest.fixture(scope="module")
 def servers(server_factory, trained_head):  # noqa: F811
-    return server_factory(BASELINE), server_factory(sp_args(2, trained_head))
+    return server_factory(BASELINE), server_factory(sp_args(2, trained_head, *REASONING))
 
 
 @pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
@@ -116,3 +120,30 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
+
+
+def test_reasoning_tokens_equal_plain_sglang(servers, model_dir):
+    """``require_reasoning`` requests count the tokens before the parser's end-of-thinking
+    marker (``</think>``) per emitted token in SGLang: under SP per verified token, never a
+    rejected draft, so the counts equal plain SGLang's."""
+    baseline_server, sp_server = servers
+    prompts = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
+    prompts += lossless_prompts(model_dir, 4)
+    payload = {
+        "input_ids": prompts,
+        "require_reasoning": True,
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": NEW_TOKENS,
+            "stop_token_ids": [IM_END],
+        },
+    }
+    expected, got = baseline_server.generate(payload), sp_server.generate(payload)
+    cmp = compare_outputs(
+        model_dir, prompts, [o["output_ids"] for o in expected], [o["output_ids"] for o in got]
+    )
+    assert cmp.all_identical, cmp.summary()
+    counts = [o["meta_info"]["reasoning_tokens"] for o in expected]
+    print("reasoning tokens (plain):", counts, "of", [len(o["output_ids"]) for o in expected])
+    assert [o["meta_info"]["reasoning_tokens"] for o in got] == counts
+    assert max(counts) > 8  # counted past the first (prefill) token

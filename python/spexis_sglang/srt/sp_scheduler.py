@@ -974,6 +974,8 @@ class SpexisScheduler(Scheduler):
             req = reqs[i]
             req.kv_committed_len = position + 1
             req.output_ids.append(token)
+            if self._sp_counts_reasoning(req):  # stock order: before the finish check
+                req.update_reasoning_tokens(token, self.model_config.think_end_ids)
             if logprobs is not None:  # a committed row: its prefix is verified
                 logprobs.record(req, i, token)
             if forced is not None:
@@ -1030,6 +1032,7 @@ class SpexisScheduler(Scheduler):
                 req.return_logprob
                 or req.grammar is not None
                 or req.return_hidden_states_mode != CaptureHiddenMode.NULL
+                or self._sp_counts_reasoning(req)
             )
             sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
@@ -1040,6 +1043,11 @@ class SpexisScheduler(Scheduler):
             if self.sp_length_oracle is not None:
                 self.sp_length_oracle.admit(slot, req, verified, limit)
             sp.running.reqs.append(req)
+
+    def _sp_counts_reasoning(self, req: Req) -> bool:
+        """The request counts its reasoning tokens (``require_reasoning`` with a reasoning
+        parser): SGLang's result processing advances the count per emitted token."""
+        return bool(req.require_reasoning and self.model_config.think_end_ids)
 
     def _sp_release(self, req: Req, retracted: bool) -> None:
         """Stop a request's rows; its KV is freed once the rows in flight have drained."""
