@@ -53,6 +53,9 @@ import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
+    NewTokenRatioTracker,
+)
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
@@ -575,7 +578,14 @@ class SpexisScheduler(Scheduler):
             return None
         rows = sp.slots.next_rows(self._sp_running_slots())
         rows = self.sp_apply_selection(rows, plan_in, plan_out)
+        retractions = sp.stats.retractions
         rows = self.sp_fit_memory(rows)
+        ratio = self.new_token_ratio_tracker
+        if sp.stats.retractions == retractions:
+            # SGLang decays its admission's future-token reservation every decode step that
+            # retracts nothing (update_running_batch); SP's decode iteration is that step
+            ratio.decay_step()
+        sp.stats.new_token_ratio = ratio.current
         if len(rows) == 0:
             return None
         self._sp_alloc_kv(rows)
@@ -808,6 +818,14 @@ class SpexisScheduler(Scheduler):
             shortfall -= req.kv_committed_len  # freed once its rows have drained
             self._sp_release(req, retracted=True)
             logger.info("Spexis: KV cache pool is full, retracting request %s", req.rid)
+        if retracted:
+            # as SGLang's retract_decode: reserve what the remaining requests have shown
+            req_at = self.sp.req_at
+            kept = [r for r in self.sp.running.reqs if req_at[r.req_pool_idx] is r]
+            self.new_token_ratio_tracker.current = (
+                NewTokenRatioTracker.estimate_new_token_ratio_after_retract(kept)
+            )
+            self.sp.stats.retractions += len(retracted)
         return rows.without(np.asarray(retracted, dtype=np.int64))
 
     # ------------------------------------------------------------------ launch and results

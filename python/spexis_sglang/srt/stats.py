@@ -261,6 +261,10 @@ class SpexisStats:
     admissions_delayed: int = 0
     admission_gated_iterations: int = 0
     admissions_early: int = 0
+    # requests retracted when the verified rows did not fit the KV pool; and SGLang's
+    # admission reservation ratio (new_token_ratio) in force, decayed and reset as stock does
+    retractions: int = 0
+    new_token_ratio: float = 0.0
     # decode rows the length predictor said end within 64 tokens (bucket >= 0)
     rows_predicted_ending: int = 0
     # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every
