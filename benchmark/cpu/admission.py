@@ -74,6 +74,16 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def repo_relative(arg: str) -> str:
+    """A path inside the repository as the results record it: relative to the repository."""
+    if os.path.isabs(arg) and arg.startswith(REPO + os.sep):
+        return os.path.relpath(arg, REPO)
+    return arg
+
+
 def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     server = ServerProcess(server_args).wait_ready()
     try:
@@ -91,7 +101,7 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     tokens = sum(len(o) for o in out)
     rec = {
         "name": name,
-        "server_args": server_args,
+        "server_args": [repo_relative(a) for a in server_args],
         "wall_s": round(wall, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / wall, 2),
