@@ -85,8 +85,9 @@ from spexis_sglang.srt.protocol import (
     PROXY_LENGTH_BUCKET,
     PROXY_PREFIX,
     SpexisPlan,
+    relay_payload,
 )
-from spexis_sglang.srt.sp_alpha import AlphaController
+from spexis_sglang.srt.sp_alpha import FIXED_OBSERVE_EVERY, AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL, make_length_oracle
@@ -301,6 +302,7 @@ class SpexisScheduler(Scheduler):
             auto=cfg.alpha_auto,
             interval=cfg.alpha_interval,
             explore=cfg.alpha_explore,
+            observe_every=FIXED_OBSERVE_EVERY,
         )
 
     def _sp_make_admission_gate(self):
@@ -429,12 +431,16 @@ class SpexisScheduler(Scheduler):
         return recv_reqs, plan_in
 
     def _sp_relay_requests(self, recv_reqs: list, plan_out: SpexisPlan) -> None:
-        """Stage 0 relays the requests *after* scheduling, with its decisions."""
+        """Stage 0 relays the requests *after* scheduling, with its decisions.
+
+        A plan that decides nothing is left out (the next stage reads a missing plan as an
+        empty one), so a steady decode iteration relays ``[]`` as stock SGLang does: one
+        size message instead of a pickle and two messages (~0.1 ms of stage 0's CPU)."""
         if self.pp_group.is_last_rank:
             return
         self._pp_commit_comm_work(self.send_req_work)
         self.send_req_work = self._pp_send_pyobj_to_next_stage(
-            list(recv_reqs or []) + [plan_out], async_send=True
+            relay_payload(recv_reqs, plan_out), async_send=True
         )
 
     def _sp_send_proxy(self, batch: ScheduleBatch, result) -> None:
