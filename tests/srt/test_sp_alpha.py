@@ -50,6 +50,7 @@ class Pipeline:
         self.weights: set = set()
 
         def check(bins, accepted, weight=1.0):
+            self._recorded = True
             assert np.array_equal(bins, self._expect), (bins, self._expect)
             self.checked += len(bins)
             self.weights.add(weight)
@@ -103,7 +104,10 @@ class Pipeline:
             assert np.array_equal(
                 (res.verdict == Verdict.ACCEPTED) | (res.verdict == Verdict.REJECTED), m
             )
+            self._recorded = False
             ctrl.on_result(old, res.verdict)
+            # a result the controller skipped holds no verdict it should have credited
+            assert self._recorded or self._expect.size == 0
             self.verdicts["accepted"] += int(np.count_nonzero(res.verdict == Verdict.ACCEPTED))
             self.verdicts["rejected"] += int(np.count_nonzero(res.verdict == Verdict.REJECTED))
 

@@ -91,6 +91,9 @@ class AlphaController:
         self._weight = float(self.observe_every)
         # this iteration's candidates were ranked (select); its launch is observed
         self._observed = True
+        # decode launches so far, and the count at the latest observed one
+        self._launches = 0
+        self._observed_launch = 0
         self.fixed = float(alpha)
         self.online = OnlineAlpha(
             num_stages,
@@ -144,10 +147,17 @@ class AlphaController:
             self.online.record_iteration(mean_rows, now - last[1], self._weight)
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
+        self._launches += 1
+        if observed:
+            self._observed_launch = self._launches
 
     def on_result(self, rows: Rows, verdict: np.ndarray) -> None:
         """Verdicts of a returned batch: each ACCEPTED / REJECTED row verified the draft of
         the speculative row one position later."""
+        if self._launches - self._observed_launch >= self.depth:
+            # The drafts verified now were launched after this batch, within the last
+            # depth - 1 launches (at most depth batches are in flight), none of them observed.
+            return
         verified = (verdict == _ACCEPTED) | (verdict == _REJECTED)
         if not verified.any():
             return
