@@ -26,14 +26,17 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
   back with the true token in the output dict, so every rank verifies identically;
 * rank-0-only decisions (the selective-speculation drops, and with look-ahead admission how
   many waiting requests to admit) travel in a :class:`~.protocol.SpexisPlan` appended to the
-  request relay, which stage 0 therefore sends after it has scheduled.
+  request relay, which stage 0 therefore sends after it has scheduled; a plan that decides
+  nothing is left out, so a steady decode iteration relays ``[]`` exactly as stock PP does.
 
 What an iteration costs on the host (issue 12): the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
 so building a batch and verifying its results are a few dozen numpy operations. The per-row
 Python left is appending each committed token: for a batch that returns only tokens,
 ``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
-act on and runs them only there. Only the last stage builds sampling state.
+act on and runs them only there. Only the last stage builds sampling state. At a fixed alpha
+the alpha controller, which only observes there, ranks candidates and credits verdicts on
+every 8th iteration (``sp_alpha.FIXED_OBSERVE_EVERY``).
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
