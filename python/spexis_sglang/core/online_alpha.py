@@ -100,6 +100,7 @@ __all__ = [
     "AUTO_ALPHA_EXPLORE",
     "AUTO_ALPHA_INITIAL",
     "AUTO_ALPHA_INTERVAL",
+    "FIXED_ALPHA_OBSERVE_EVERY",
     "LatencyFit",
     "OnlineAlpha",
     "isotonic_decreasing",
@@ -112,6 +113,8 @@ AUTO_ALPHA_INTERVAL = 50
 AUTO_ALPHA_EXPLORE = 8
 #: alpha before the first choice (the low end of the paper's 0.15-0.3)
 AUTO_ALPHA_INITIAL = 0.15
+#: a fixed alpha's observer takes every this-many-th iteration (``--spexis-alpha-observe``)
+FIXED_ALPHA_OBSERVE_EVERY = 8
 #: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
 HALF_LIFE_INTERVALS = 4
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)

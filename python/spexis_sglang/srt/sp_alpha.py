@@ -25,8 +25,8 @@ every batch; around an explore iteration, what the pipe actually held).
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
 that is the offline choice for the current workload. Since nothing is decided from it, a fixed
-alpha observes only every ``observe_every``-th iteration (the scheduler passes
-:data:`FIXED_OBSERVE_EVERY`): ranking every candidate, crediting verdicts and fitting latency
+alpha observes only every ``observe_every``-th iteration (``--spexis-alpha-observe``, default
+:data:`~spexis_sglang.core.online_alpha.FIXED_ALPHA_OBSERVE_EVERY`; 1 observes every one): ranking every candidate, crediting verdicts and fitting latency
 cost stage 0 ~0.1-0.2 ms per iteration at B=256 on CPU, the largest part of what the
 controller costs. An observed iteration's verdicts and latency sample count ``observe_every``
 times (:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_iteration`'s
@@ -48,11 +48,7 @@ from spexis_sglang.core.online_alpha import AUTO_ALPHA_INITIAL, OnlineAlpha
 from spexis_sglang.core.slot_state import Rows, SlotState, Verdict
 from spexis_sglang.srt.stats import SpexisStats
 
-__all__ = ["AlphaController", "FIXED_OBSERVE_EVERY"]
-
-#: a fixed alpha's observer ranks candidates, credits verdicts and samples latency on every
-#: this-many-th iteration (see the module docstring)
-FIXED_OBSERVE_EVERY = 8
+__all__ = ["AlphaController"]
 
 _ACCEPTED, _REJECTED = int(Verdict.ACCEPTED), int(Verdict.REJECTED)
 

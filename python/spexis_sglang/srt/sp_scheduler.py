@@ -36,7 +36,7 @@ Python left is appending each committed token: for a batch that returns only tok
 ``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
 act on and runs them only there. Only the last stage builds sampling state. At a fixed alpha
 the alpha controller, which only observes there, ranks candidates and credits verdicts on
-every 8th iteration (``sp_alpha.FIXED_OBSERVE_EVERY``).
+every 8th iteration (``--spexis-alpha-observe``).
 
 KV (design.md §4): a row at position p writes the request's own slot for p; a rejected row's
 slot is overwritten when the request re-executes p. Only verified tokens reach ``output_ids``
@@ -90,7 +90,7 @@ from spexis_sglang.srt.protocol import (
     SpexisPlan,
     relay_payload,
 )
-from spexis_sglang.srt.sp_alpha import FIXED_OBSERVE_EVERY, AlphaController
+from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL, make_length_oracle
@@ -305,7 +305,7 @@ class SpexisScheduler(Scheduler):
             auto=cfg.alpha_auto,
             interval=cfg.alpha_interval,
             explore=cfg.alpha_explore,
-            observe_every=FIXED_OBSERVE_EVERY,
+            observe_every=cfg.alpha_observe,
         )
 
     def _sp_make_admission_gate(self):
