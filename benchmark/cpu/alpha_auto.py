@@ -8,7 +8,8 @@ Default model, PP=2, bundled draft head.
 
 Configurations (run in the order alpha0, auto, offline):
 
-* ``alpha0``: ``--spexis-alpha 0``. Its stage 0 observes (no drops, every rank verified):
+* ``alpha0``: ``--spexis-alpha 0 --spexis-alpha-observe 1``. Its stage 0 observes every
+  iteration (no drops, every rank verified):
   the acceptance-by-confidence-rank profile of each phase and the iteration time against rows
   (``/server_info`` ``spexis_alpha``). From them, ``choose_alpha`` gives the *offline* choice
   for each phase and for the whole workload (the profile of both phases, equally weighted).
@@ -294,7 +295,9 @@ def main() -> int:
     t_start = time.time()
     alpha0 = auto = None
     if "alpha0" in configs:
-        alpha0 = run_config("alpha0", base + ["--spexis-alpha", "0"], prompts, args.new_tokens, 0)
+        # its observer measures every iteration: the offline choice is made from it
+        alpha0_args = base + ["--spexis-alpha", "0", "--spexis-alpha-observe", "1"]
+        alpha0 = run_config("alpha0", alpha0_args, prompts, args.new_tokens, 0)
         results["runs"].append(alpha0)
     if "auto" in configs:
         auto_args = ["--spexis-alpha", "auto", "--spexis-alpha-interval", str(args.interval)]

@@ -49,6 +49,15 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "--spexis-alpha-explore must be >= 0, got -1",
         ),
         (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "auto"]
+            + ["--spexis-alpha-observe", "4"],
+            "--spexis-alpha-observe needs a fixed --spexis-alpha",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha-observe", "0"],
+            "--spexis-alpha-observe must be >= 1, got 0",
+        ),
+        (
             ["--pp-size", "2", "--spexis-draft-head", os.path.join(HEADS, "draft-exit7")],
             "'exit_layer' is 7 in the artifact but the server's stage 0 ends after layer 15",
         ),
@@ -140,6 +149,28 @@ def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
     assert (cfg.alpha, cfg.alpha_auto, cfg.alpha_interval, cfg.alpha_explore) == expected
     cfg.to_env()  # what the scheduler processes read back
     assert get_config() == cfg
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ([], 8),
+        (["--spexis-alpha-observe", "1"], 1),
+        (["--spexis-alpha", "0.3", "--spexis-alpha-observe", "16"], 16),
+    ],
+)
+def test_fixed_alpha_observes_every_kth_iteration(extra, expected, monkeypatch):
+    """A fixed alpha's observer samples iterations (default 8); the config carries K."""
+    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+
+    for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
+        monkeypatch.setenv(name, "")
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    _, cfg = prepare_server_args(argv + ["--spexis-draft-head", "random:0", *extra])
+    assert cfg.alpha_observe == expected
+    cfg.to_env()
+    assert get_config().alpha_observe == expected
 
 
 def test_help_says_what_alpha_auto_does(capsys):

@@ -43,12 +43,18 @@ class Pipeline:
         self.checked = 0
         self.iteration = 0
         self.verdicts = {"accepted": 0, "rejected": 0}
+        self.unobserved = 0  # verdicts of drafts launched on iterations not observed
+        self.dropped: list = []  # each iteration's dropped slots
         real = ctrl.online.record_verdicts
 
-        def check(bins, accepted):
+        self.weights: set = set()
+
+        def check(bins, accepted, weight=1.0):
+            self._recorded = True
             assert np.array_equal(bins, self._expect), (bins, self._expect)
             self.checked += len(bins)
-            real(bins, accepted)
+            self.weights.add(weight)
+            real(bins, accepted, weight)
 
         ctrl.online.record_verdicts = check
 
@@ -64,7 +70,9 @@ class Pipeline:
         spec = rows.is_spec
         cand_bins = rank_bins(st.candidate_confidence(rows.slot[spec])) if spec.any() else []
         bin_of = dict(zip(rows.slot[spec].tolist(), np.asarray(cand_bins).tolist()))
-        rows, _ = ctrl.select(st, rows, len(self.running))
+        rows, dropped = ctrl.select(st, rows, len(self.running))
+        self.dropped.append(dropped.tolist())
+        observed = ctrl._observed
         st.on_launch(rows)
         # the time since the previous launch is the previous iteration's: rows then in the pipe
         if self.pipe_rows:
@@ -74,7 +82,8 @@ class Pipeline:
         self.pipe_rows.append(len(rows))
         for s, p, e, sp in zip(rows.slot, rows.position, rows.epoch, rows.is_spec):
             if sp:
-                self.expected_bin[(int(s), int(p), int(e))] = bin_of[int(s)]
+                # -1: launched on an iteration the controller did not observe
+                self.expected_bin[(int(s), int(p), int(e))] = bin_of[int(s)] if observed else -1
         self.inflight.append(rows)
         self.last = rows
         if len(self.inflight) == self.n:
@@ -82,18 +91,23 @@ class Pipeline:
             verdicts_before = st.verifies_draft(old)
             truth = [true_token(s, p + 1) for s, p in zip(old.slot, old.position)]
             m = verdicts_before
-            self._expect = np.array(
+            expect = np.array(
                 [
                     self.expected_bin[(int(s), int(p) + 1, int(e))]
                     for s, p, e in zip(old.slot[m], old.position[m], old.epoch[m])
                 ],
                 dtype=np.int64,
             )
+            self.unobserved += int(np.count_nonzero(expect < 0))
+            self._expect = expect[expect >= 0]
             res = st.on_result(truth)
             assert np.array_equal(
                 (res.verdict == Verdict.ACCEPTED) | (res.verdict == Verdict.REJECTED), m
             )
+            self._recorded = False
             ctrl.on_result(old, res.verdict)
+            # a result the controller skipped holds no verdict it should have credited
+            assert self._recorded or self._expect.size == 0
             self.verdicts["accepted"] += int(np.count_nonzero(res.verdict == Verdict.ACCEPTED))
             self.verdicts["rejected"] += int(np.count_nonzero(res.verdict == Verdict.REJECTED))
 
@@ -106,6 +120,7 @@ def test_each_verdict_is_credited_to_the_bin_its_draft_was_launched_in(n, auto) 
     for _ in range(600):
         pipe.step()
     assert pipe.checked == pipe.verdicts["accepted"] + pipe.verdicts["rejected"] > 1000
+    assert pipe.unobserved == 0 and pipe.weights == {1.0}
     # a calibrated head: the most confident ranks are accepted more often than the least
     acc = ctrl.online.acceptance_by_bin()
     assert acc[0] > acc[-1] + 0.2 if auto else acc[0] > acc[6]
@@ -159,3 +174,57 @@ def test_auto_moves_alpha_and_fixed_only_observes() -> None:
     auto.update_stats(stats)
     assert stats.alpha == auto.alpha and stats.alpha_changes == auto.online.changes
     assert stats.as_dict()["alpha"] == auto.alpha
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("alpha", [0.0, 0.25])
+def test_fixed_alpha_observes_a_sample_and_drops_the_same_rows(n, alpha) -> None:
+    """``observe_every``: the same drops; only the drafts launched on observed iterations are
+    credited, each as ``observe_every`` drafts; the profile estimates the same acceptance."""
+    every = 4
+    full = AlphaController(64, depth=n, num_stages=n, alpha=alpha)
+    sampled = AlphaController(64, depth=n, num_stages=n, alpha=alpha, observe_every=every)
+    pipes = []
+    for ctrl in (full, sampled):
+        pipe = Pipeline(ctrl, n, b=24, seed=n)
+        for _ in range(800):
+            pipe.step()
+        pipes.append(pipe)
+    p_full, p_sampled = pipes
+    assert p_sampled.dropped == p_full.dropped
+    assert (alpha > 0) == any(p_full.dropped)
+    total = p_sampled.verdicts["accepted"] + p_sampled.verdicts["rejected"]
+    assert p_sampled.checked + p_sampled.unobserved == total
+    assert 0.15 * total < p_sampled.checked < 0.35 * total  # ~1/4 of the drafts
+    assert p_sampled.weights == {float(every)}
+    # weighted, the decayed counts keep their scale
+    assert sampled.online.verdicts == pytest.approx(full.online.verdicts, rel=0.3)
+    assert sampled.online.samples == pytest.approx(full.online.samples, rel=0.3)
+    assert np.allclose(sampled.as_dict()["profile"], full.as_dict()["profile"], atol=0.15)
+
+
+def test_auto_observes_every_iteration() -> None:
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, observe_every=8)
+    assert ctrl.observe_every == 1
+    pipe = Pipeline(ctrl, 2, b=24, seed=3)
+    for _ in range(300):
+        pipe.step()
+    assert pipe.unobserved == 0 and pipe.weights == {1.0}
+    with pytest.raises(ValueError):
+        AlphaController(8, depth=2, num_stages=2, observe_every=0)
+
+
+def test_weighted_records_count_as_repeated_ones() -> None:
+    from spexis_sglang.core.online_alpha import OnlineAlpha
+
+    a, b = OnlineAlpha(2, explore=0), OnlineAlpha(2, explore=0)
+    bins, acc = np.array([0, 3, 3, 9]), np.array([True, False, True, True])
+    a.record_verdicts(bins, acc, 3.0)
+    for _ in range(3):
+        b.record_verdicts(bins, acc)
+    assert np.allclose(a._verified, b._verified) and np.allclose(a._accepted, b._accepted)
+    for rows, sec in ((10.0, 1.0), (20.0, 1.5), (40.0, 2.2)):
+        a.record_iteration(rows, sec, 2.0)
+        b.record_iteration(rows, sec)
+        b.record_iteration(rows, sec)
+    assert np.allclose(a._lat, b._lat)

@@ -100,6 +100,7 @@ __all__ = [
     "AUTO_ALPHA_EXPLORE",
     "AUTO_ALPHA_INITIAL",
     "AUTO_ALPHA_INTERVAL",
+    "FIXED_ALPHA_OBSERVE_EVERY",
     "LatencyFit",
     "OnlineAlpha",
     "isotonic_decreasing",
@@ -112,6 +113,8 @@ AUTO_ALPHA_INTERVAL = 50
 AUTO_ALPHA_EXPLORE = 8
 #: alpha before the first choice (the low end of the paper's 0.15-0.3)
 AUTO_ALPHA_INITIAL = 0.15
+#: a fixed alpha's observer takes every this-many-th iteration (``--spexis-alpha-observe``)
+FIXED_ALPHA_OBSERVE_EVERY = 8
 #: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
 HALF_LIFE_INTERVALS = 4
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
@@ -291,26 +294,38 @@ class OnlineAlpha:
         """Bin of every candidate of this iteration (see :func:`rank_bins`)."""
         return rank_bins(confidences, self.bins)
 
-    def record_verdicts(self, bins: np.ndarray, accepted: np.ndarray) -> None:
-        """Verified drafts: the rank bin each was launched in and whether it was accepted."""
+    def record_verdicts(self, bins: np.ndarray, accepted: np.ndarray, weight: float = 1.0) -> None:
+        """Verified drafts: the rank bin each was launched in and whether it was accepted.
+
+        ``weight``: how many drafts each one stands for (a caller that observes a sample of
+        the iterations weighs them by the inverse of the sampling rate)."""
         b = np.asarray(bins, dtype=np.int64)
         if b.size == 0:
             return
         if b.min() < 0 or b.max() >= self.bins:
             raise ValueError(f"rank bins must lie in [0, {self.bins}), got {b}")
         acc = np.asarray(accepted, dtype=bool)
-        self._verified += np.bincount(b, minlength=self.bins)
-        self._accepted += np.bincount(b, weights=acc.astype(np.float64), minlength=self.bins)
+        if weight == 1.0:
+            self._verified += np.bincount(b, minlength=self.bins)
+            self._accepted += np.bincount(b, weights=acc.astype(np.float64), minlength=self.bins)
+        else:
+            w = float(weight)
+            self._verified += w * np.bincount(b, minlength=self.bins)
+            self._accepted += w * np.bincount(
+                b, weights=acc.astype(np.float64), minlength=self.bins
+            )
 
-    def record_iteration(self, rows: float, seconds: float) -> None:
-        """One iteration's wall time against the rows it carried."""
+    def record_iteration(self, rows: float, seconds: float, weight: float = 1.0) -> None:
+        """One iteration's wall time against the rows it carried (``weight``: how many
+        iterations the sample stands for, as in :meth:`record_verdicts`)."""
         x, y = float(rows), float(seconds)
         if not (math.isfinite(x) and math.isfinite(y)) or y <= 0 or x <= 0:
             return
         cur = self.latency()
         if cur is not None and cur.identified:
             y = min(y, self.clip * max(cur(x), 1e-12))
-        self._lat += (1.0, x, y, x * x, x * y)
+        w = float(weight)
+        self._lat += (w, w * x, w * y, w * x * x, w * x * y)
 
     # ------------------------------------------------------------------ estimates
     @property

@@ -13,7 +13,11 @@ import json
 import os
 from typing import Optional
 
-from spexis_sglang.core.online_alpha import AUTO_ALPHA_EXPLORE, AUTO_ALPHA_INTERVAL
+from spexis_sglang.core.online_alpha import (
+    AUTO_ALPHA_EXPLORE,
+    AUTO_ALPHA_INTERVAL,
+    FIXED_ALPHA_OBSERVE_EVERY,
+)
 
 ENV_CONFIG = "SPEXIS_CONFIG"
 # Read by the stage-0 model (draft head location), see srt/draft_model.py.
@@ -62,6 +66,9 @@ class SpexisConfig:
     alpha_interval: int = AUTO_ALPHA_INTERVAL
     #: ... and run every this-many-th decode iteration at alpha 0 (0: never).
     alpha_explore: int = AUTO_ALPHA_EXPLORE
+    #: With a fixed alpha: its observer (``recommended_alpha``) takes every this-many-th
+    #: decode iteration (1: every one).
+    alpha_observe: int = FIXED_ALPHA_OBSERVE_EVERY
     #: Benchmark-only: verification accepts a draft with this probability (None = real).
     force_accept: Optional[float] = None
     #: Benchmark-only length oracle: the target quality (``core.length_oracle.OracleQuality``

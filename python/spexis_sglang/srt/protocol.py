@@ -40,3 +40,18 @@ class SpexisPlan:
     dropped: List[int] = field(default_factory=list)
     #: look-ahead admission: admit at most this many waiting requests now (None = no limit)
     admit_cap: Optional[int] = None
+
+    def is_empty(self) -> bool:
+        """Nothing decided: the later stages act on it exactly as on no plan at all."""
+        return not self.dropped and self.admit_cap is None
+
+
+def relay_payload(recv_reqs: Optional[list], plan: SpexisPlan) -> list:
+    """What a stage relays to the next one: its received requests, then its plan unless empty.
+
+    Leaving an empty plan out makes a steady decode iteration's relay ``[]``, which SGLang's
+    ``point_to_point_pyobj`` sends as one size message (no pickle, no second message)."""
+    relay = list(recv_reqs or [])
+    if not plan.is_empty():
+        relay.append(plan)
+    return relay

@@ -24,7 +24,16 @@ every batch; around an explore iteration, what the pipe actually held).
 
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
-that is the offline choice for the current workload.
+that is the offline choice for the current workload. Since nothing is decided from it, a fixed
+alpha observes only every ``observe_every``-th iteration (``--spexis-alpha-observe``, default
+:data:`~spexis_sglang.core.online_alpha.FIXED_ALPHA_OBSERVE_EVERY`; 1 observes every one): ranking every candidate, crediting verdicts and fitting latency
+cost stage 0 ~0.1-0.2 ms per iteration at B=256 on CPU, the largest part of what the
+controller costs. An observed iteration's verdicts and latency sample count ``observe_every``
+times (:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_iteration`'s
+``weight``), so the decayed counts keep their scale (the readiness thresholds and the prior
+weigh as before) and the estimates stay unbiased; they are a sample, so they are noisier.
+The drops themselves never depend on it: a fixed alpha drops the same rows either way, and
+``auto`` always observes every iteration.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ class AlphaController:
         auto: choose alpha online.
         interval, explore: see :class:`OnlineAlpha` (``explore`` applies with ``auto`` only).
         clock: seconds (``time.perf_counter``; tests pass their own).
+        observe_every: with a fixed alpha, observe every this-many-th iteration only (its
+            verdicts and latency sample weighted by it); ``auto`` observes every iteration.
     """
 
     def __init__(
@@ -67,8 +78,18 @@ class AlphaController:
         interval: int = 50,
         explore: int = 8,
         clock=time.perf_counter,
+        observe_every: int = 1,
     ) -> None:
+        if observe_every < 1:
+            raise ValueError(f"observe_every must be >= 1, got {observe_every}")
         self.auto = bool(auto)
+        self.observe_every = 1 if self.auto else int(observe_every)
+        self._weight = float(self.observe_every)
+        # this iteration's candidates were ranked (select); its launch is observed
+        self._observed = True
+        # decode launches so far, and the count at the latest observed one
+        self._launches = 0
+        self._observed_launch = 0
         self.fixed = float(alpha)
         self.online = OnlineAlpha(
             num_stages,
@@ -78,7 +99,8 @@ class AlphaController:
         )
         self.depth = int(depth)
         self._clock = clock
-        # rank bin of the launched speculative row at (slot, position % depth)
+        # rank bin of the launched speculative row at (slot, position % depth); -1: launched
+        # on an iteration that was not observed (its verdict is not credited)
         self._ring = np.zeros((capacity, self.depth), dtype=np.int64)
         # this iteration's candidates' bins, by slot (read back at launch)
         self._candidate_bin = np.zeros(capacity, dtype=np.int64)
@@ -95,37 +117,53 @@ class AlphaController:
         """``SlotState.select`` at this iteration's alpha, recording the candidates' ranks."""
         a = self.online.next_iteration(running)
         self.iteration_alpha = a if self.auto else self.fixed
+        k = self.observe_every
+        self._observed = k == 1 or self.online.iteration % k == 0
         spec = rows.is_spec
-        if spec.any():
+        if self._observed and spec.any():
             cs = rows.slot[spec]
             self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
         return slots.select(rows, self.iteration_alpha)
 
     def on_launch(self, rows: Rows, iteration: int) -> None:
         """A decode batch built at loop iteration ``iteration`` is launched."""
+        observed = self._observed
         spec = rows.is_spec
         if spec.any():
             s = rows.slot[spec]
-            self._ring[s, rows.position[spec] % self.depth] = self._candidate_bin[s]
+            self._ring[s, rows.position[spec] % self.depth] = (
+                self._candidate_bin[s] if observed else -1
+            )
         now = self._clock()
         last = self._last_launch
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
-        elif len(self._pipe_rows) == self.depth:
+        elif observed and len(self._pipe_rows) == self.depth:
             mean_rows = sum(self._pipe_rows) / self.depth
-            self.online.record_iteration(mean_rows, now - last[1])
+            self.online.record_iteration(mean_rows, now - last[1], self._weight)
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
+        self._launches += 1
+        if observed:
+            self._observed_launch = self._launches
 
     def on_result(self, rows: Rows, verdict: np.ndarray) -> None:
         """Verdicts of a returned batch: each ACCEPTED / REJECTED row verified the draft of
         the speculative row one position later."""
+        if self._launches - self._observed_launch >= self.depth:
+            # The drafts verified now were launched after this batch, within the last
+            # depth - 1 launches (at most depth batches are in flight), none of them observed.
+            return
         verified = (verdict == _ACCEPTED) | (verdict == _REJECTED)
         if not verified.any():
             return
         s = rows.slot[verified]
         bins = self._ring[s, (rows.position[verified] + 1) % self.depth]
-        self.online.record_verdicts(bins, verdict[verified] == _ACCEPTED)
+        acc = verdict[verified] == _ACCEPTED
+        if self.observe_every > 1:
+            seen = bins >= 0  # drafts launched on observed iterations
+            bins, acc = bins[seen], acc[seen]
+        self.online.record_verdicts(bins, acc, self._weight)
 
     def update_stats(self, stats: SpexisStats) -> None:
         """The alpha in force and the chooser's counters, for the log line and metrics."""
