@@ -93,3 +93,14 @@ def test_a_trusted_prediction_bounds_the_release_an_untrusted_one_does_not():
     args = (100, [150], [200], [1], 0.7, [60], [96])
     assert trusted.reservation_count(*args)[0] == 1
     assert untrusted.reservation_count(*args)[0] == 0
+
+
+def test_the_projections_own_growth_ratio_answers_alone_even_below_sglangs():
+    """SGLang's decayed ratio (0.1) admits the 60-token prompt beside a request with 200
+    tokens left; the projection growing it by the initial 0.7 would hold it back."""
+    gate = _gate(capacity=1000)
+    args = (200, [150], [200], [-1], 0.1, [60], [96])
+    assert gate.reservation_count(*args) == (1, 1)  # floored at SGLang's count
+    assert gate.reservation_count(*args, growth_ratio=0.7) == (0, 1)
+    # a certain finish within 4 tokens frees the memory in time: admitted either way
+    assert gate.reservation_count(100, [150], [4], [-1], 0.1, [60], [96], growth_ratio=0.7)[0] == 1

@@ -566,6 +566,7 @@ class SpexisScheduler(Scheduler):
             waiting_tokens=waiting,
             waiting_max_new=[_max_new_left(r) for r in queue],
             page=self.token_to_kv_pool_allocator.page_size,
+            growth_ratio=self.new_token_ratio_tracker.init,
         )
         n = min(n_gate, n_proj)
         if n < len(waiting):
