@@ -45,17 +45,16 @@ MIN_NEW_TOKENS = 20
 # EOS and the request's stop_token_ids: without this, min_new_tokens does nothing on this model
 # (in plain SGLang as well).
 IM_END = 2
-# Both servers also run a reasoning parser, so that requests with ``require_reasoning`` count
-# their reasoning tokens (test_reasoning_tokens_equal_plain_sglang); it changes nothing else
-# for these requests (no grammars, no chat template).
-REASONING = ["--reasoning-parser", "deepseek-r1"]
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
-BASELINE = ["--pp-size", "1", "--disable-overlap-schedule", *REASONING]
+BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
+# a reasoning parser: requests with ``require_reasoning`` count their reasoning tokens (its own
+# pair of servers: on the shared ones it would move chat answers into reasoning_content)
+REASONING = ["--reasoning-parser", "deepseek-r1"]
 
 
 @pytest.fixture(scope="module")
 def servers(server_factory, trained_head):  # noqa: F811
-    return server_factory(BASELINE), server_factory(sp_args(2, trained_head, *REASONING))
+    return server_factory(BASELINE), server_factory(sp_args(2, trained_head))
 
 
 @pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
@@ -122,11 +121,12 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
     assert cmp.all_identical, cmp.summary()
 
 
-def test_reasoning_tokens_equal_plain_sglang(servers, model_dir):
+def test_reasoning_tokens_equal_plain_sglang(server_factory, model_dir, trained_head):
     """``require_reasoning`` requests count the tokens before the parser's end-of-thinking
     marker (``</think>``) per emitted token in SGLang: under SP per verified token, never a
     rejected draft, so the counts equal plain SGLang's."""
-    baseline_server, sp_server = servers
+    baseline_server = server_factory([*BASELINE, *REASONING])
+    sp_server = server_factory(sp_args(2, trained_head, *REASONING))
     prompts = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
     prompts += lossless_prompts(model_dir, 4)
     payload = {
