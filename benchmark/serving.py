@@ -93,21 +93,6 @@ import requests
 logger = logging.getLogger("benchmark.serving")
 
 RETRACT_LINE = "KV cache pool is full, retracting request"
-SPEXIS_COUNTERS = (
-    "accepted",
-    "rejected",
-    "tokens_committed",
-    "rows_normal",
-    "rows_spec",
-    "rows_stale",
-    "drafts_dropped",
-    "admissions_delayed",
-    "admission_gated_iterations",
-    "rows_predicted_ending",
-    "decode_iterations",
-    "decode_graph_replays",
-    "decode_eager_forwards",
-)
 BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la")
 DATASET_WORKLOADS = ("sharegpt", "specbench", "long")
 DEFAULT_MAX_OUTPUT_LEN = 256
@@ -518,7 +503,9 @@ def summarize_rate(result: dict, before: dict, after: dict, retractions: int) ->
         for stat in ("mean", "median", "p99"):
             rec[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
     if after:
-        delta = {k: after[k] - before.get(k, 0) for k in SPEXIS_COUNTERS if k in after}
+        from spexis_sglang.srt.stats import stat_deltas
+
+        delta = stat_deltas(before, after)
         verdicts = delta.get("accepted", 0) + delta.get("rejected", 0)
         rows = sum(delta.get(k, 0) for k in ("rows_normal", "rows_spec", "rows_stale"))
         iters = delta.get("decode_iterations", 0)

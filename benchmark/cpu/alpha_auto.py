@@ -50,20 +50,10 @@ import requests  # noqa: E402
 from spexis_sglang.core.online_alpha import LatencyFit, OnlineAlpha  # noqa: E402
 from spexis_sglang.core.selection import RankAcceptanceProfile, choose_alpha  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
+from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 PHASES = ("math", "translation")
-COUNTERS = (
-    "decode_iterations",
-    "rows_normal",
-    "rows_spec",
-    "rows_stale",
-    "tokens_committed",
-    "accepted",
-    "rejected",
-    "drafts_dropped",
-    "alpha_explore_iterations",
-)
 
 
 def phase_prompts(model: str, per_phase: int, max_prompt_tokens: int) -> dict:
@@ -150,7 +140,7 @@ def run_config(name: str, server_args: list, prompts: dict, new_tokens: int, pol
             out = server.greedy_ids(prompts[phase], new_tokens, ignore_eos=True)
             wall = time.time() - t0
             after = server_state(server)
-            d = {k: after["spexis"][k] - before["spexis"][k] for k in COUNTERS}
+            d = stat_deltas(before["spexis"], after["spexis"])
             tokens = sum(len(o) for o in out)
             rows = d["rows_normal"] + d["rows_spec"]
             rec = {

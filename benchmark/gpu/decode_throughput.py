@@ -60,27 +60,6 @@ GPU_FLAGS = [
 ]
 FORBIDDEN = ("nvls", "symm-mem", "symm_mem", "mnnvl")
 
-# cumulative counters of /server_info internal_states[0]["spexis"] (deltas are meaningful)
-SP_COUNTERS = (
-    "iterations",
-    "decode_iterations",
-    "rows_normal",
-    "rows_spec",
-    "rows_stale",
-    "tokens_committed",
-    "accepted",
-    "rejected",
-    "drafts_dropped",
-    "time_busy_s",
-    "time_schedule_s",
-    "time_launch_s",
-    "time_draft_sync_s",
-    "time_wait_output_s",
-    "time_process_s",
-    "time_send_s",
-    "decode_graph_replays",
-    "decode_eager_forwards",
-)
 # the custom_params key of a request's own forced acceptance (srt/sp_scheduler.py)
 FORCE_ACCEPT_PARAM = "spexis_force_accept"
 
@@ -335,7 +314,9 @@ def one_run(
     ]
     delta = None
     if before is not None and after is not None:
-        delta = {k: after[k] - before[k] for k in SP_COUNTERS if k in after and k in before}
+        from spexis_sglang.srt.stats import stat_deltas
+
+        delta = stat_deltas(before, after)
     bad = [
         o for o in out if (o.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort"
     ]
@@ -399,8 +380,8 @@ def measure_batch(
                 "phase_ms_per_iteration": (
                     {
                         k[len("time_") : -len("_s")]: round(1e3 * (d_l[k] - d_s[k]) / iters, 4)
-                        for k in SP_COUNTERS
-                        if k.startswith("time_") and k in d_l and k in d_s
+                        for k in d_l
+                        if k.startswith("time_") and k in d_s
                     }
                     if iters > 0
                     else None

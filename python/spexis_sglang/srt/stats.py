@@ -307,3 +307,19 @@ class SpexisStats:
             self.tokens_committed / self.decode_iterations if self.decode_iterations else 0.0
         )
         return d
+
+
+# SpexisStats fields that are levels, not counts: a difference of two snapshots means nothing
+STAT_GAUGES = ("alpha", "new_token_ratio")
+# every cumulative key of SpexisStats.as_dict(): counters and phase seconds, the keys whose
+# difference between two /server_info snapshots is what happened in between
+STAT_COUNTERS: tuple[str, ...] = tuple(
+    k for k in SpexisStats.__dataclass_fields__ if k not in STAT_GAUGES and k != "phases"
+) + tuple(PhaseTimer(SP_PHASES).as_dict())
+
+
+def stat_deltas(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    """What a rank's Spexis counters did between two snapshots (``/server_info``'s
+    ``internal_states[i]["spexis"]``); keys ``after`` lacks are left out, ones ``before`` lacks
+    count from 0 (a server started with the snapshot)."""
+    return {k: after[k] - before.get(k, 0) for k in STAT_COUNTERS if k in after}
