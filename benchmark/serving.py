@@ -9,7 +9,8 @@ request rate, SGLang's own load generator (``python -m spexis_sglang.bench_servi
   (the paper's serving metric), the end-to-end latency of a request being its TTFT plus its
   inter-token latencies as bench_serving measures them (``--output-details``);
 * TTFT and TPOT (mean, p50, p99), request and output-token throughput, completed requests;
-* retractions (SGLang's "KV cache pool is full, retracting request" lines of this rate), and
+* retractions (requests retracted in this rate's part of the server log, stock SGLang's lines
+  and Spexis's: ``spexis_sglang.testing.count_retractions``), and
   from ``/server_info`` ``internal_states[0]["spexis"]`` the counters' change over the rate:
   acceptance, tokens committed per row, dropped drafts, delayed admissions, decode forwards
   replayed from CUDA graphs; for stock servers, SGLang's decode log lines by
@@ -90,9 +91,10 @@ from typing import Dict, List, Optional, Tuple
 
 import requests
 
+from spexis_sglang.testing import count_retractions
+
 logger = logging.getLogger("benchmark.serving")
 
-RETRACT_LINE = "KV cache pool is full, retracting request"
 BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la")
 DATASET_WORKLOADS = ("sharegpt", "specbench", "long")
 DEFAULT_MAX_OUTPUT_LEN = 256
@@ -397,10 +399,6 @@ def read_log(log_path: str) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-def count_retractions(log_text: str) -> int:
-    return log_text.count(RETRACT_LINE)
 
 
 def decode_graph_lines(log_text: str) -> Dict[str, int]:

@@ -40,9 +40,8 @@ import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
-from spexis_sglang.testing import ServerProcess  # noqa: E402
+from spexis_sglang.testing import ServerProcess, count_retractions  # noqa: E402
 
-RETRACT_LINE = "KV cache pool is full, retracting request"
 #: decode latency per iteration on this CPU, T(rows) = a + b * rows seconds, measured in
 #: benchmark/results/cpu_alpha_auto.json ("common_latency_fit"): it prices each run's decode
 #: work the same way, whatever the box's load was while the run took place
@@ -95,7 +94,7 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
         info = requests.get(server.base_url + "/server_info", timeout=60).json()
         st = info["internal_states"][0]["spexis"]
         with open(server.log_path) as f:
-            retractions = f.read().count(RETRACT_LINE)
+            retractions = count_retractions(f.read())
     finally:
         server.stop()
     tokens = sum(len(o) for o in out)

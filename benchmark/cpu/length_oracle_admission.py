@@ -31,7 +31,7 @@ activate()
 import requests  # noqa: E402
 
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL  # noqa: E402
-from spexis_sglang.testing import ServerProcess  # noqa: E402
+from spexis_sglang.testing import ServerProcess, count_retractions  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(REPO, "benchmark", "gpu", "configs", "tiny-llama")
@@ -70,7 +70,7 @@ def run(spec: str, args: argparse.Namespace) -> dict:
     return {
         "config": spec,
         "wall_s": round(wall, 1),
-        "retractions": log.count("KV cache pool is full, retracting request"),
+        "retractions": count_retractions(log),
         "admissions_delayed": sp["admissions_delayed"],
         "admission_gated_iterations": sp["admission_gated_iterations"],
         "decode_iterations": sp["decode_iterations"],

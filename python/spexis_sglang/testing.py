@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shlex
 import signal
 import socket
@@ -26,6 +27,18 @@ import requests
 PORT_RANGE = (20000, 32000)
 # uvicorn's message when the port was taken after all; the server then restarts on another
 _BIND_FAILED = "error while attempting to bind on address"
+
+# a retraction as a server's log reports it: Spexis logs one line per retracted request, stock
+# SGLang one line per event with the count ("KV cache pool is full. Retract requests.
+# #retracted_reqs: N, ..."); a side-by-side must count both, or stock reads 0
+SPEXIS_RETRACT_LINE = "KV cache pool is full, retracting request"
+_STOCK_RETRACT = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
+
+
+def count_retractions(log_text: str) -> int:
+    """Requests retracted (evicted, to be recomputed) according to a server log."""
+    stock = sum(int(n) for n in _STOCK_RETRACT.findall(log_text))
+    return log_text.count(SPEXIS_RETRACT_LINE) + stock
 
 
 def free_port() -> int:
