@@ -71,18 +71,19 @@ def test_uncalibrated_thresholds_and_bad_inputs():
         _gate(capacity=0)
 
 
-def test_reservation_count_is_never_below_sglangs_and_counts_on_certain_finishes():
+def test_reservation_count_counts_on_certain_finishes_where_sglang_reserves():
     """100 free; one running request holds 150 with 4 tokens left of max_new_tokens (a
     certain finish within a few iterations) and SGLang's ratio 0.7: SGLang's reservation
     (2.8 + 60 + 1 + 96) refuses the 60-token prompt, the projection admits it."""
     gate = _gate(capacity=1000)
-    n_proj, n_sglang = gate.reservation_count(100, [150], [4], [-1], 0.7, [60], [96])
+    n_proj, n_sglang = gate.reservation_count(100, [150], [4], [-1], 0.7, 0.7, [60], [96])
     assert (n_proj, n_sglang) == (1, 0)
     # with 200 tokens left the request may run far past the new one's growth: both refuse
-    assert gate.reservation_count(100, [150], [200], [-1], 0.7, [60], [96]) == (0, 0)
+    assert gate.reservation_count(100, [150], [200], [-1], 0.7, 0.7, [60], [96]) == (0, 0)
     # SGLang's own count: reservations + prompt + page + max_new strictly below free
-    assert gate.reservation_count(1000, [150], [200], [-1], 0.7, [60, 60], [96, 96]) == (2, 2)
-    assert gate.reservation_count(296, [150], [200], [-1], 0.7, [60, 60], [96, 96])[1] == 0
+    two = ([60, 60], [96, 96])
+    assert gate.reservation_count(1000, [150], [200], [-1], 0.7, 0.7, *two) == (2, 2)
+    assert gate.reservation_count(296, [150], [200], [-1], 0.7, 0.7, *two)[1] == 0
 
 
 def test_a_trusted_prediction_bounds_the_release_an_untrusted_one_does_not():
@@ -90,7 +91,7 @@ def test_a_trusted_prediction_bounds_the_release_an_untrusted_one_does_not():
     predictor's precision trusted the memory is released in time for the new request."""
     trusted = _gate(precision=(0.8,) * 5)
     untrusted = _gate(precision=(0.5,) * 5)
-    args = (100, [150], [200], [1], 0.7, [60], [96])
+    args = (100, [150], [200], [1], 0.7, 0.7, [60], [96])
     assert trusted.reservation_count(*args)[0] == 1
     assert untrusted.reservation_count(*args)[0] == 0
 
@@ -99,8 +100,7 @@ def test_the_projections_own_growth_ratio_answers_alone_even_below_sglangs():
     """SGLang's decayed ratio (0.1) admits the 60-token prompt beside a request with 200
     tokens left; the projection growing it by the initial 0.7 would hold it back."""
     gate = _gate(capacity=1000)
-    args = (200, [150], [200], [-1], 0.1, [60], [96])
-    assert gate.reservation_count(*args) == (1, 1)  # floored at SGLang's count
-    assert gate.reservation_count(*args, growth_ratio=0.7) == (0, 1)
+    assert gate.reservation_count(200, [150], [200], [-1], 0.1, 0.1, [60], [96]) == (1, 1)
+    assert gate.reservation_count(200, [150], [200], [-1], 0.1, 0.7, [60], [96]) == (0, 1)
     # a certain finish within 4 tokens frees the memory in time: admitted either way
-    assert gate.reservation_count(100, [150], [4], [-1], 0.1, [60], [96], growth_ratio=0.7)[0] == 1
+    assert gate.reservation_count(100, [150], [4], [-1], 0.1, 0.7, [60], [96])[0] == 1

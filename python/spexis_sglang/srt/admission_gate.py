@@ -127,10 +127,10 @@ class AdmissionGate:
         remaining: Sequence[int],
         buckets: Sequence[int],
         ratio: float,
+        growth_ratio: float,
         waiting_tokens: Sequence[int],
         waiting_max_new: Sequence[int],
         page: int = 1,
-        growth_ratio: Optional[float] = None,
     ) -> Tuple[int, int]:
         """How many requests from the head of the queue the KV pool allows now: the
         projection's count and SGLang's own, ``(n_projection, n_sglang)``.
@@ -142,19 +142,18 @@ class AdmissionGate:
                 minus its output, clipped as SGLang clips it): a certain bound.
             buckets: predicted remaining-length bucket per running request (-1: none).
             ratio: SGLang's ``new_token_ratio``: the share of ``remaining`` it reserves.
+            growth_ratio: the share of ``remaining`` the projection expects a running
+                request to grow by before its bounded release. SGLang decays its own ratio
+                while nothing is retracted; a projection that followed it would admit on
+                that optimism and retract (benchmark/README.md, the admission row), so the
+                scheduler passes SGLang's initial ratio here. The projection's count is the
+                answer on its own, even below SGLang's.
             waiting_tokens: tokens each waiting request prefills.
             waiting_max_new: tokens each waiting request may generate.
             page: KV page size (SGLang reserves one page per admitted request).
-            growth_ratio: the share of ``remaining`` the projection expects a running
-                request to grow by before its bounded release (default ``ratio``). SGLang
-                decays its own ratio while nothing is retracted; a projection that followed
-                it would admit on that optimism and retract (benchmark/README.md, the
-                admission row), so the scheduler passes SGLang's initial ratio here. Given,
-                the projection's count is the answer on its own, even below SGLang's.
         """
         rem = np.asarray(remaining, dtype=float)
-        own_growth = growth_ratio is not None
-        grow = np.ceil((growth_ratio if own_growth else ratio) * rem)
+        grow = np.ceil(growth_ratio * rem)
         bound = rem.copy()
         b = np.asarray(buckets, dtype=np.int64)
         if b.size:
@@ -173,6 +172,4 @@ class AdmissionGate:
         cum = float((ratio * rem).sum()) + np.cumsum(prompts + grow_new)
         fits = cum < free
         n_sglang = int(fits.size if fits.all() else fits.argmin())
-        if own_growth:
-            return n_proj, n_sglang
-        return max(n_proj, n_sglang), n_sglang
+        return n_proj, n_sglang
