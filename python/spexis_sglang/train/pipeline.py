@@ -67,6 +67,7 @@ class PipelineConfig:
     # length predictor
     length_epochs: int = 20
     length_lr: float = 1e-3
+    length_batch_rows: int = 1024
     # scalar inputs besides the hidden state (models.length_predictor.FEATURES); () = paper's
     length_features: tuple[str, ...] = LENGTH_FEATURES
     length_output: str = LENGTH_OUTPUT  # "independent" (paper) or "cumulative" (monotone)
@@ -153,6 +154,7 @@ PRESETS: dict[str, dict] = {
         draft_lr=2e-3,
         batch_tokens=8192,
         length_epochs=3,
+        length_batch_rows=4096,  # ~5x the rows of gpu: about its number of steps
         compare_cap=256,
     ),
     # the gpu-long recipe at unit-test size (CPU dry runs of the two-call flow)
@@ -451,6 +453,7 @@ def step_train_length(cfg: PipelineConfig) -> dict:
             exit_layer=cfg.length_exit,
             epochs=cfg.length_epochs,
             lr=cfg.length_lr,
+            batch_rows=cfg.length_batch_rows,
             seed=cfg.seed,
             device=cfg.device,
             pos_weight=cfg.length_pos_weight,
@@ -836,6 +839,7 @@ def step_compare(cfg: PipelineConfig) -> dict:
             variants[tag] = read(fn)
     if not variants:
         raise FileNotFoundError("run evaluate first")
+    variants = dict(sorted(variants.items(), key=lambda kv: kv[0] != "hidden"))
     out = {
         "preset": cfg.preset,
         "compare_cap": cfg.compare_cap,
