@@ -195,6 +195,10 @@ def _prompt_rounds(p: Prompt) -> list[str]:
     return list(p.followups)
 
 
+# shard times of the set this process collected last (the deadline's estimate for the next set)
+_LAST_SHARD_SECONDS: list[float] = []
+
+
 def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
 
@@ -314,7 +318,9 @@ def collect(
             mismatches += sum(m["gen_mismatch"] for m in smeta)
             bar.update(sum(len(b) for b in shard))
             continue
-        est = sum(new_shard_seconds) / len(new_shard_seconds) if new_shard_seconds else 0.0
+        # this set's shards so far, else the last set's (a new set starts no shard it cannot end)
+        seen = new_shard_seconds or _LAST_SHARD_SECONDS
+        est = sum(seen) / len(seen) if seen else 0.0
         if cfg.deadline and time.time() + est > cfg.deadline:
             stopped += 1
             continue
@@ -381,6 +387,7 @@ def collect(
         os.replace(shard_meta_path + ".tmp", shard_meta_path)
         sequences_meta.extend(smeta)
         new_shard_seconds.append(time.time() - t_shard)
+        _LAST_SHARD_SECONDS[:] = new_shard_seconds
     bar.close()
     seconds = time.time() - t0
     if stopped:
