@@ -181,3 +181,16 @@ def test_compare_report_shows_new_vs_shipped_and_marks_targets():
     assert tg.count("✓") == 2  # L<16 and L<32 meet it, L<64 (nan) does not; L<4/8 not counted
     hidden = next(line for line in md.splitlines() if line.startswith("| new (hidden)"))
     assert "✓" not in hidden and "hidden only" in hidden
+
+
+def test_frozen_prompts_keep_what_collect_reads_and_drop_references(tmp_path):
+    cfg = pipeline.PipelineConfig(preset="tiny-long", **pipeline.PRESETS["tiny-long"])
+    path = str(tmp_path / "p.json")
+    pipeline.write_prompt_sets(cfg, path)
+    frozen, live = pipeline.read_prompt_sets(path), pipeline.data_sets(cfg)
+    assert frozen.keys() == live.keys()
+    for name in live:
+        assert [(p.source, p.uid, p.messages, p.followups, p.category) for p in frozen[name]] == [
+            (p.source, p.uid, p.messages, p.followups, p.category) for p in live[name]
+        ]
+        assert all(p.reference == "" for p in frozen[name])

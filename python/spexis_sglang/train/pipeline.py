@@ -291,7 +291,11 @@ def data_sets(cfg: PipelineConfig) -> dict[str, list]:
 def write_prompt_sets(cfg: PipelineConfig, path: str) -> dict[str, int]:
     """Freeze the prompt sets into one JSON file (to collect on a machine without the data packages)."""
     sets = data_sets(replace(cfg, prompts_file=""))
-    blob = {name: [asdict(p) for p in prompts] for name, prompts in sets.items()}
+    # references (human / ChatGPT answers) only built the derived prompts, already made here:
+    # left out, the file carries in about half the bytes
+    blob = {
+        name: [{**asdict(p), "reference": ""} for p in prompts] for name, prompts in sets.items()
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(blob, f)
