@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# benchmark/gpu/train_artifacts.sh: issue #4's shipped artifacts on the GPU machine, i.e.
-# `python -m spexis_sglang.train all --preset gpu` cut into its steps so that it fits one
-# 10-minute device call and uses every GPU:
-#   * collect: one worker process per GPU (--collect-worker K/N), then a plain collect merges;
-#   * train-draft: one exit layer per GPU, in parallel (train-length beside the first);
-#   * calibrate, evaluate, export.
+# benchmark/gpu/train_artifacts.sh: issue #4's / #16's artifacts on the GPU machine, i.e.
+# `python -m spexis_sglang.train all --preset P` cut into its steps so that it fits 10-minute
+# device calls and keeps the GPUs busy:
+#   * collect: WORKERS worker processes (--collect-worker K/N, worker K on GPU K % NGPU; more
+#     workers than GPUs share one: HF generate on a 135M model is launch-bound), then a plain
+#     collect merges;
+#   * train: both draft exits and the length predictor(s) in parallel, each on GPU i % NGPU;
+#   * calibrate, evaluate, export per length-predictor variant; check-artifacts (the shipped
+#     artifacts on this run's data) and compare (new vs shipped in one report).
+# PHASE=collect | train | all (default): the collect and train halves in separate calls of
+# one warm machine (the work dir survives between them). Steps whose output exists are
+# skipped, so a call that ran out of time is resumed by running the same PHASE again.
+# With COLLECT_END_S, collect workers start no shard that would end later than that many
+# seconds after this script started (left for a resumed collect call); the merge then writes
+# the sets with what exists (PARTIAL in the report's data lines) so that training can go on.
 # The data are the same as one `all` run makes (tests/train: parallel workers record the same
 # shards); seeds are fixed. The prompt sets travel frozen (the machine has no data packages):
-#   here:   python -m spexis_sglang.train prompts --preset gpu --prompts-file .gpu/train/prompts_gpu.json
-#           xz -9 -k .gpu/train/prompts_gpu.json
-#   there:  carry .gpu/train/prompts_gpu.json.xz; the default model's GGUF joined first
-#           (benchmark/gpu/default_model_parts.sh join).
-# Output: $OUT/train_artifacts.tar.gz (artifacts/, results/ = quality.*, timings.json,
-# evaluation.json, logs/). Env: PRESET (gpu), DEVICE (cuda; cpu for a dry run here),
-# WORKERS (default: the GPU count), WORK (/tmp/spexis-train), EXTRA (more train options).
+#   here:   python -m spexis_sglang.train prompts --preset P --prompts-file .gpu/train/prompts_P.json
+#           xz -9 -k .gpu/train/prompts_P.json
+#   there:  carry .gpu/train/prompts_P.json.xz; the default model's GGUF joined first
+#           (benchmark/gpu/default_model_parts.sh join); commands: benchmark/quality/README.md.
+# Output: $OUT/train_artifacts.tar.gz (artifacts/, artifacts-<tag>/, results/ = quality*.*,
+# timings.json, evaluation*.json, artifact_check.json, logs/). Env: PRESET (gpu), PHASE,
+# DEVICE (cuda; cpu for a dry run here), WORKERS (default: the GPU count), COLLECT_END_S,
+# LENGTH_VARIANTS ("tag=features ...", default "tg=tokens_generated"; "" = none besides the
+# preset's own), WORK (/tmp/spexis-train), EXTRA (more train options), PROMPTS_XZ.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
@@ -21,18 +32,30 @@ DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cuda ]; then gpu_site_env || exit $?; else export PYTHONPATH=$SPEXIS_REPO/python${PYTHONPATH:+:$PYTHONPATH}; fi
 cd "$SPEXIS_REPO"
 PRESET=${PRESET:-gpu}
+PHASE=${PHASE:-all}
 WORK=${WORK:-/tmp/spexis-train}
 OUT=${OUT:-/tmp/out}
-PROMPTS_XZ=${PROMPTS_XZ:-.gpu/train/prompts_gpu.json.xz}
+PROMPTS_XZ=${PROMPTS_XZ:-.gpu/train/prompts_$PRESET.json.xz}
+[ -f "$PROMPTS_XZ" ] || [ "$PRESET" != gpu ] || PROMPTS_XZ=.gpu/train/prompts_gpu.json.xz
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 WORKERS=${WORKERS:-$((NGPU > 0 ? NGPU : 1))}
+COLLECT_END_S=${COLLECT_END_S:-0}
+LENGTH_VARIANTS=${LENGTH_VARIANTS-tg=tokens_generated}
+SHIPPED=${SHIPPED:-python/spexis_sglang/artifacts/smollm2-135m-instruct}
+# the converted model under the work dir's parent: it survives between the calls with it
+export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-$(dirname "$WORK")/spexis-cache}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 R=$WORK/report
 mkdir -p "$WORK" "$R/logs" "$OUT"
 T0=$SECONDS
-[ -f "$PROMPTS_XZ" ] || { echo "no $PROMPTS_XZ (see the header)" >&2; exit 2; }
-xz -dc "$PROMPTS_XZ" > "$WORK/prompts.json" || exit 2
+START_EPOCH=$(date +%s)
+case $PHASE in collect|train|all) ;; *) echo "PHASE must be collect, train or all" >&2; exit 2 ;; esac
+if [ "$PHASE" != train ]; then
+  [ -f "$PROMPTS_XZ" ] || { echo "no $PROMPTS_XZ (see the header)" >&2; exit 2; }
+  xz -dc "$PROMPTS_XZ" > "$WORK/prompts.json" || exit 2
+fi
 python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
-echo "model ready in $((SECONDS - T0)) s; $WORKERS collect workers"
+echo "model ready in $((SECONDS - T0)) s; phase $PHASE, preset $PRESET, $WORKERS collect workers on $NGPU GPU(s)"
 
 ARGS=(--preset "$PRESET" --device "$DEVICE" --work-dir "$WORK" --prompts-file "$WORK/prompts.json"
   --artifact-dir "$R/artifacts" --results-dir "$R/results" ${EXTRA:-})
@@ -40,47 +63,123 @@ ARGS=(--preset "$PRESET" --device "$DEVICE" --work-dir "$WORK" --prompts-file "$
 # would take one per core; three on 32 cores made training ~4x slower in session 3)
 NCPU=$(nproc)
 threads() { echo $((NCPU / $1 > 0 ? NCPU / $1 : 1)); }
-train() { python3 -m spexis_sglang.train "$@" "${ARGS[@]}"; }
+# step options after ARGS: a later --artifact-dir / --results-stem wins
+train() { local step=$1; shift; python3 -m spexis_sglang.train "$step" "${ARGS[@]}" "$@"; }
 CKPT=$WORK/checkpoints
-gpu() { [ "$DEVICE" = cuda ] && echo $(($1 % WORKERS)) || echo ""; }
+gpu() { [ "$DEVICE" = cuda ] && [ "$NGPU" -gt 0 ] && echo $(($1 % NGPU)) || echo ""; }
 step_failed() { echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
 finish() {
-  cp -f "$WORK/timings.json" "$WORK/evaluation.json" "$R/" 2>/dev/null
+  cp -f "$WORK"/timings.json "$WORK"/evaluation*.json "$WORK"/artifact_check.json "$R/" 2>/dev/null
   tar -czf "$OUT/train_artifacts.tar.gz" -C "$R" .
-  echo "=== train_artifacts done in $((SECONDS - T0)) s (exit $1)"
+  echo "=== train_artifacts ($PHASE) done in $((SECONDS - T0)) s (exit $1)"
   exit "$1"
 }
+# waits for the PIDs in pids[] (names in names[]); 124 = stopped by the collect time-out
+wait_all() {
+  local k rc
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"; rc=$?
+    [ $rc = 0 ] || { [ $rc = 124 ] && [ "${1:-}" = collect ]; } || step_failed "${names[$k]}" "${names[$k]}.log"
+    [ $rc = 124 ] && echo "${names[$k]}: stopped at the collect time limit (resume: PHASE=collect again)"
+  done
+}
 
-pids=()
-for ((k = 0; k < WORKERS; k++)); do
-  CUDA_VISIBLE_DEVICES=$(gpu $k) train collect --collect-worker "$k/$WORKERS" \
-    --threads "$(threads "$WORKERS")" > "$R/logs/collect-$k.log" 2>&1 &
-  pids+=($!)
+if [ "$PHASE" != train ]; then
+  COLLECT_ARGS=()
+  HARD=()
+  if [ "$COLLECT_END_S" -gt 0 ]; then
+    COLLECT_ARGS=(--collect-deadline "$((START_EPOCH + COLLECT_END_S))")
+    # a shard that overruns the estimate is cut 30 s past the limit (shards are written
+    # atomically: the cut one is redone by a resumed call)
+    HARD=(timeout -s TERM "$((COLLECT_END_S + 30 - (SECONDS - T0)))")
+  fi
+  pids=(); names=()
+  for ((k = 0; k < WORKERS; k++)); do
+    CUDA_VISIBLE_DEVICES=$(gpu $k) "${HARD[@]}" python3 -m spexis_sglang.train collect "${ARGS[@]}" \
+      --collect-worker "$k/$WORKERS" --threads "$(threads "$WORKERS")" "${COLLECT_ARGS[@]}" \
+      > "$R/logs/collect-$k.log" 2>&1 &
+    pids+=($!); names+=("collect-$k")
+  done
+  wait_all collect
+  # merge: with a time limit, start no shard (deadline 1) and write the sets with what exists
+  MERGE=()
+  [ "$COLLECT_END_S" -gt 0 ] && MERGE=(--collect-deadline 1 --collect-allow-partial)
+  CUDA_VISIBLE_DEVICES=$(gpu 0) train collect "${MERGE[@]}" > "$R/logs/collect-merge.log" 2>&1 \
+    || step_failed "collect merge" collect-merge.log
+  tail -n 1 "$R/logs/collect-merge.log" | cut -c1-1500
+  echo "collected in $((SECONDS - T0)) s"
+  du -sh "$WORK/data" 2>/dev/null
+fi
+[ "$PHASE" = collect ] && finish 0
+
+for s in train val sharegpt_test specbench; do
+  [ -f "$WORK/data/$s/meta.json" ] || { echo "no $WORK/data/$s/meta.json: run PHASE=collect first" >&2; finish 2; }
 done
-for k in "${!pids[@]}"; do wait "${pids[$k]}" || step_failed "collect worker $k" "collect-$k.log"; done
-train collect > "$R/logs/collect-merge.log" 2>&1 || step_failed "collect merge" collect-merge.log
-echo "collected in $((SECONDS - T0)) s"
-
+# a partial training set trains (the report says PARTIAL); partial evaluation sets do not
+python3 - "$WORK/data" <<'PY' || finish 2
+import json, os, sys
+bad = []
+for s in sorted(os.listdir(sys.argv[1])):
+    p = os.path.join(sys.argv[1], s, "meta.json")
+    if os.path.isfile(p):
+        m = json.load(open(p))
+        miss = m.get("missing_shards", 0)
+        print(f"{s}: {len(m['sequences'])} sequences, {m['n_tokens']} tokens, {miss} of {m['n_shards']} shards missing")
+        if miss and s != "train":
+            bad.append(s)
+if bad:
+    sys.exit(f"evaluation sets {bad} are partial: resume with PHASE=collect first")
+PY
 EXITS=$(python3 -c "from spexis_sglang.train.pipeline import make_config as m; print(' '.join(map(str, m('$PRESET', model_path='-', work_dir='-').exits)))")
+# length-predictor variants: "" = the preset's own features, then tag=features from LENGTH_VARIANTS
+VARIANTS=("")
+for v in $LENGTH_VARIANTS; do VARIANTS+=("$v"); done
+vtag() { echo "${1%%=*}"; }
+vargs() {  # the train options of a variant
+  [ -z "$1" ] && return 0
+  echo "--length-tag ${1%%=*} --length-features ${1#*=} --results-stem quality_${1%%=*} --artifact-dir $R/artifacts-${1%%=*}"
+}
 # a step whose checkpoint exists is not run again (a second call resumes after a time-out)
 TODO=()
 for ex in $EXITS; do [ -f "$CKPT/draft-exit$ex.pt" ] || TODO+=("train-draft-$ex"); done
-[ -f "$CKPT/length.pt" ] || TODO+=(train-length)
+for v in "${VARIANTS[@]}"; do
+  t=$(vtag "$v"); [ -f "$CKPT/length${t:+-$t}.pt" ] || TODO+=("train-length${t:+-$t}")
+done
 pids=(); names=()
 i=0
 for name in "${TODO[@]}"; do
   case $name in
     train-draft-*) cmd=(train-draft --exits "${name#train-draft-}") ;;
-    *) cmd=(train-length) ;;
+    train-length) cmd=(train-length) ;;
+    train-length-*)
+      for v in "${VARIANTS[@]}"; do [ "$(vtag "$v")" = "${name#train-length-}" ] && cmd=(train-length $(vargs "$v")); done ;;
   esac
   CUDA_VISIBLE_DEVICES=$(gpu $i) train "${cmd[@]}" --threads "$(threads ${#TODO[@]})" \
     > "$R/logs/$name.log" 2>&1 &
   pids+=($!); names+=("$name"); i=$((i + 1))
 done
-for k in "${!pids[@]}"; do wait "${pids[$k]}" || step_failed "${names[$k]}" "${names[$k]}.log"; done
+wait_all
 echo "trained in $((SECONDS - T0)) s"
-for s in calibrate evaluate export; do
-  CUDA_VISIBLE_DEVICES=$(gpu 0) train $s > "$R/logs/$s.log" 2>&1 || step_failed $s $s.log
+# per variant: calibrate then evaluate (the variants and the shipped check side by side)
+n=$((${#VARIANTS[@]} + 1))
+pids=(); names=(); i=0
+for v in "${VARIANTS[@]}"; do
+  t=$(vtag "$v"); name=evaluate${t:+-$t}
+  (CUDA_VISIBLE_DEVICES=$(gpu $i) train calibrate $(vargs "$v") --threads "$(threads $n)" \
+    && CUDA_VISIBLE_DEVICES=$(gpu $i) train evaluate $(vargs "$v") --threads "$(threads $n)") \
+    > "$R/logs/$name.log" 2>&1 &
+  pids+=($!); names+=("$name"); i=$((i + 1))
 done
-tail -n 3 "$R/logs/evaluate.log"
+CUDA_VISIBLE_DEVICES=$(gpu $i) train check-artifacts --artifact-dir "$SHIPPED" --threads "$(threads $n)" \
+  > "$R/logs/check-artifacts.log" 2>&1 &
+pids+=($!); names+=(check-artifacts)
+wait_all
+for v in "${VARIANTS[@]}"; do
+  t=$(vtag "$v")
+  CUDA_VISIBLE_DEVICES=$(gpu 0) train export $(vargs "$v") > "$R/logs/export${t:+-$t}.log" 2>&1 \
+    || step_failed "export $t" "export${t:+-$t}.log"
+done
+train compare > "$R/logs/compare.log" 2>&1 || step_failed compare compare.log
+grep -h "exit .*: acceptance" "$R"/logs/evaluate*.log | cut -c1-300
+cat "$R"/results/quality_compare.md 2>/dev/null | head -60
 finish 0

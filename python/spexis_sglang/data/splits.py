@@ -67,16 +67,25 @@ def training_prompts(
     seed: int = DEFAULT_SEED,
     mix: dict[str, float] | None = None,
     prompt_filter=None,
+    counts: dict[str, int | None] | None = None,
 ) -> list[Prompt]:
-    """``n`` prompts of ``split`` drawn from the training mix, in a fixed interleaved order."""
+    """``n`` prompts of ``split`` drawn from the training mix, in a fixed interleaved order.
+
+    ``counts`` (source -> number, ``None`` = all of the split) replaces the mix fractions: a
+    larger run can take every ShareGPT conversation while the other sources keep the numbers
+    a smaller run drew (the seeded order makes those the same prompts); ``n`` is then ignored.
+    """
     mix = mix or TRAIN_MIX
     total = sum(mix.values())
     per_source: list[list[Prompt]] = []
-    for name, weight in mix.items():
+    for name, weight in (counts or mix).items():
         pool = source_split(name, split, seed)
         if prompt_filter is not None:
             pool = [p for p in pool if prompt_filter(p)]
-        k = max(1, round(n * weight / total))
+        if counts is not None:
+            k = len(pool) if weight is None else int(weight)
+        else:
+            k = max(1, round(n * weight / total))
         chosen = deterministic_sample(pool, k, seed, f"{split}:{name}")
         if len(chosen) < k:
             logger.info("%s/%s: only %d of %d prompts available", name, split, len(chosen), k)
@@ -84,5 +93,5 @@ def training_prompts(
     out: list[Prompt] = []
     for group in per_source:
         out.extend(group)
-    out = deterministic_sample(out, n, seed, f"{split}:interleave")
+    out = deterministic_sample(out, len(out) if counts else n, seed, f"{split}:interleave")
     return out

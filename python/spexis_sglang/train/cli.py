@@ -18,6 +18,7 @@ STEPS = {
     "evaluate": pipeline.step_evaluate,
     "export": pipeline.step_export,
     "check-artifacts": pipeline.step_check_artifacts,
+    "compare": pipeline.step_compare,
     "all": pipeline.step_all,
 }
 
@@ -78,6 +79,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K/N",
         help="collect only shards K, K+N, ... (one process per GPU, K from 0); "
         "a plain collect afterwards merges the sets",
+    )
+    p.add_argument(
+        "--collect-deadline",
+        type=float,
+        default=None,
+        metavar="UNIX_TIME",
+        help="start no collect shard that would end after this time (left for a later run); "
+        "1 = start none (a merge only)",
+    )
+    p.add_argument(
+        "--collect-allow-partial",
+        action="store_true",
+        default=None,
+        help="a merge writes meta.json even with shards missing (train on what exists)",
+    )
+    p.add_argument(
+        "--length-tag",
+        default=None,
+        help="name of a length-predictor variant: length-TAG.pt, calibration-TAG.json, "
+        "evaluation-TAG.json (e.g. with --length-features tokens_generated)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (preset default)")
     p.add_argument("--seed", type=int, default=None)

@@ -48,6 +48,15 @@ class CollectConfig:
     # any later single-process run finds every shard and writes meta.json
     worker: int = 0
     num_workers: int = 1
+    # > 0: a generate batch holds at most this many tokens of KV (rows x (longest prompt +
+    # max_new_tokens)), so long-prompt batches shrink and several workers fit one GPU
+    batch_tokens: int = 0
+    # unix time (0 = none): no shard is started that would end after it (the mean shard time
+    # of this run estimates that); shards left over stay for a later run (resume)
+    deadline: float = 0.0
+    # a merge (a run that finds every worker done) writes meta.json even with shards missing
+    # (recorded as ``missing_shards``); a later run still collects them
+    allow_partial: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.worker < self.num_workers:
@@ -186,6 +195,64 @@ def _prompt_rounds(p: Prompt) -> list[str]:
     return list(p.followups)
 
 
+# shard times of the set this process collected last (the deadline's estimate for the next set)
+_LAST_SHARD_SECONDS: list[float] = []
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def _halving(fn, items: list, *args):
+    """``fn(items, *args)``, split in halves (recursively) when the device runs out of memory.
+
+    Several collect workers share one GPU; a batch that meets the others' peaks is retried in
+    smaller pieces instead of killing the worker.
+    """
+    try:
+        return fn(items, *args)
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not _is_oom(e) or len(items) < 2:
+            raise
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    half = len(items) // 2
+    logger.warning(
+        "out of memory on a batch of %d; retrying as %d + %d", len(items), half, len(items) - half
+    )
+    return _halving(fn, items[:half], *args) + _halving(fn, items[half:], *args)
+
+
+def make_batches(
+    lengths: list[int], batch_size: int, batch_tokens: int = 0, new_tokens: int = 0
+) -> list[list[int]]:
+    """Consecutive index groups (inputs sorted by length) of at most ``batch_size`` rows and,
+    with ``batch_tokens``, at most that many rows x (longest prompt + ``new_tokens``)."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        w = max(width, n + new_tokens)
+        if cur and (len(cur) >= batch_size or (batch_tokens and w * (len(cur) + 1) > batch_tokens)):
+            batches.append(cur)
+            cur, w = [], n + new_tokens
+        cur.append(i)
+        width = w
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def shard_order(indices: list[int], tag: str) -> list[int]:
+    """A worker's shards in a seeded random order: with a deadline, the shards left over are a
+    random subset, not the longest prompts (shards follow the length-sorted prompts)."""
+    import random
+
+    out = list(indices)
+    random.Random(f"shards:{tag}").shuffle(out)
+    return out
+
+
 def collect(
     base: BaseModel,
     prompts: list[Prompt],
@@ -204,7 +271,11 @@ def collect(
     if os.path.isfile(done_marker):
         with open(done_marker) as f:
             meta = json.load(f)
-        if meta.get("config") == _jsonable(cfg) and meta.get("n_prompts") == len(prompts):
+        if (
+            meta.get("config") == _jsonable(cfg)
+            and meta.get("n_prompts") == len(prompts)
+            and not meta.get("missing_shards")
+        ):
             logger.info(
                 "%s already collected (%d sequences); skipping", out_dir, len(meta["sequences"])
             )
@@ -217,7 +288,10 @@ def collect(
             encoded.append((p, ids))
     skipped = len(prompts) - len(encoded)
     encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
-    batches = [encoded[i : i + cfg.batch_size] for i in range(0, len(encoded), cfg.batch_size)]
+    groups = make_batches(
+        [len(ids) for _, ids in encoded], cfg.batch_size, cfg.batch_tokens, cfg.max_new_tokens
+    )
+    batches = [[encoded[i] for i in g] for g in groups]
     shards = [batches[i : i + cfg.shard_batches] for i in range(0, len(batches), cfg.shard_batches)]
     t0 = time.time()
     sequences_meta: list[dict] = []
@@ -230,11 +304,12 @@ def collect(
         desc=desc or f"collect {split_name}",
         unit="prompt",
     )
-    for shard_idx, shard in enumerate(shards):
+    stopped = 0
+    new_shard_seconds: list[float] = []
+    for shard_idx in shard_order(mine, f"{split_name}:{cfg.worker}/{cfg.num_workers}"):
+        shard = shards[shard_idx]
         shard_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors")
         shard_meta_path = shard_path + ".json"
-        if shard_idx % cfg.num_workers != cfg.worker:
-            continue
         if os.path.isfile(shard_path) and os.path.isfile(shard_meta_path):
             with open(shard_meta_path) as f:
                 smeta = json.load(f)
@@ -243,12 +318,19 @@ def collect(
             mismatches += sum(m["gen_mismatch"] for m in smeta)
             bar.update(sum(len(b) for b in shard))
             continue
+        # this set's shards so far, else the last set's (a new set starts no shard it cannot end)
+        seen = new_shard_seconds or _LAST_SHARD_SECONDS
+        est = sum(seen) / len(seen) if seen else 0.0
+        if cfg.deadline and time.time() + est > cfg.deadline:
+            stopped += 1
+            continue
+        t_shard = time.time()
         shard_records: list[dict[str, torch.Tensor]] = []
         smeta: list[dict] = []
         for batch in shard:
             chats = [p.chat() for p, _ in batch]
             prompt_ids = [ids for _, ids in batch]
-            answers = generate_greedy(base, prompt_ids, cfg.max_new_tokens)
+            answers = _halving(lambda ps: generate_greedy(base, ps, cfg.max_new_tokens), prompt_ids)
             # multi-turn: the model's own answer becomes context for the next user turn
             max_rounds = max(len(p.followups) for p, _ in batch)
             for r in range(max_rounds):
@@ -260,11 +342,14 @@ def collect(
                         {"role": "user", "content": batch[i][0].followups[r]},
                     ]
                     prompt_ids[i] = chat_ids(base, chats[i])
-                new = generate_greedy(base, [prompt_ids[i] for i in todo], cfg.max_new_tokens)
+                new = _halving(
+                    lambda ps: generate_greedy(base, ps, cfg.max_new_tokens),
+                    [prompt_ids[i] for i in todo],
+                )
                 for i, a in zip(todo, new):
                     answers[i] = a
             seqs = [pi + a for pi, (a, _) in zip(prompt_ids, answers)]
-            records = teacher_forced(base, seqs, cfg.exits)
+            records = _halving(lambda ss: teacher_forced(base, ss, cfg.exits), seqs)
             for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, answers, records):
                 plen = len(pi)
                 # teacher-forced greedy vs the generated continuation (near-ties only)
@@ -301,25 +386,30 @@ def collect(
             json.dump(smeta, f)
         os.replace(shard_meta_path + ".tmp", shard_meta_path)
         sequences_meta.extend(smeta)
+        new_shard_seconds.append(time.time() - t_shard)
+        _LAST_SHARD_SECONDS[:] = new_shard_seconds
     bar.close()
     seconds = time.time() - t0
+    if stopped:
+        logger.info(
+            "%s: deadline reached, %d shards of worker %d left", split_name, stopped, cfg.worker
+        )
     if cfg.num_workers > 1:
         with open(worker_seconds_path, "w") as f:
             json.dump({"seconds": seconds, "num_workers": cfg.num_workers}, f)
-        # the other workers' shards, in shard order (load_collected concatenates in that order)
-        sequences_meta, missing = [], 0
-        for shard_idx in range(len(shards)):
-            shard_meta_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors.json")
-            if not os.path.isfile(shard_meta_path):
-                missing += 1
-                continue
-            with open(shard_meta_path) as f:
-                sequences_meta.extend(json.load(f))
-        n_tokens = sum(m["length"] for m in sequences_meta)
-        mismatches = sum(m["gen_mismatch"] for m in sequences_meta)
-    else:
-        missing = 0
-    if missing:
+    # shards ran in a shuffled order, some by other workers: read every one on disk in order
+    sequences_meta, missing, present = [], 0, []
+    for shard_idx in range(len(shards)):
+        shard_meta_path = os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors.json")
+        if not os.path.isfile(shard_meta_path):
+            missing += 1
+            continue
+        present.append(shard_idx)
+        with open(shard_meta_path) as f:
+            sequences_meta.extend(json.load(f))
+    n_tokens = sum(m["length"] for m in sequences_meta)
+    mismatches = sum(m["gen_mismatch"] for m in sequences_meta)
+    if missing and not (cfg.allow_partial and cfg.num_workers == 1):
         logger.info(
             "%s: worker %d of %d done, %d shards left to other workers",
             out_dir,
@@ -339,6 +429,9 @@ def collect(
         "n_prompts": len(prompts),
         "skipped_too_long": skipped,
         "n_shards": len(shards),
+        # with allow_partial: the shards present (a later run collects the others)
+        "shards": present,
+        "missing_shards": missing,
         "sequences": sequences_meta,
         "n_tokens": n_tokens,
         "n_answer_tokens": sum(m["answer_len"] for m in sequences_meta),
@@ -365,8 +458,8 @@ def collect(
 def _jsonable(cfg: CollectConfig) -> dict:
     """What the data depends on (not how the work was split)."""
     d = json.loads(json.dumps(asdict(cfg)))
-    d.pop("worker")
-    d.pop("num_workers")
+    for k in ("worker", "num_workers", "deadline", "allow_partial"):
+        d.pop(k)
     return d
 
 
@@ -387,17 +480,52 @@ class Collected:
         return self.tensors[key][s : s + self.meta[i]["length"]]
 
 
+def capped(data: Collected, cap: int) -> Collected:
+    """The set as a collection with answer cap ``cap`` would have recorded it (greedy answers
+    are prefixes of longer-cap ones): answers cut at ``cap``, ended only if they ended by then.
+
+    A view (same tensors and offsets), so one long-cap collection also gives numbers
+    comparable with an earlier, shorter-cap run. Multi-turn sets differ in their earlier
+    turns' context, which a shorter cap would have cut too.
+    """
+    from dataclasses import replace
+
+    meta = []
+    for m in data.meta:
+        a = min(m["answer_len"], cap)
+        meta.append(
+            {
+                **m,
+                "answer_len": a,
+                "length": m["prompt_len"] + a,
+                "finished": bool(m["finished"]) and m["answer_len"] <= cap,
+            }
+        )
+    return replace(data, meta=meta, max_new_tokens=cap)
+
+
 def load_collected(out_dir: str, keys: tuple[str, ...] | None = None) -> Collected:
     with open(os.path.join(out_dir, "meta.json")) as f:
         meta = json.load(f)
-    parts: dict[str, list[torch.Tensor]] = {}
-    for shard_idx in range(meta["n_shards"]):
+    lengths = torch.tensor([m["length"] for m in meta["sequences"]], dtype=torch.long)
+    total = int(lengths.sum())
+    # filled shard by shard into tensors allocated once: concatenating a list of shards would
+    # hold every row twice (tens of GB for the larger presets, several loaders at once)
+    tensors: dict[str, torch.Tensor] = {}
+    pos = 0
+    for shard_idx in meta.get("shards", range(meta["n_shards"])):
         t = load_file(os.path.join(out_dir, f"shard-{shard_idx:05d}.safetensors"))
+        n = 0
         for k, v in t.items():
             if keys is None or k in keys:
-                parts.setdefault(k, []).append(v)
-    tensors = {k: torch.cat(v) for k, v in parts.items()}
-    lengths = torch.tensor([m["length"] for m in meta["sequences"]], dtype=torch.long)
+                if k not in tensors:
+                    tensors[k] = torch.empty((total,) + tuple(v.shape[1:]), dtype=v.dtype)
+                tensors[k][pos : pos + len(v)] = v
+            n = len(v)
+        pos += n
+        del t
+    if pos != total:
+        raise ValueError(f"{out_dir}: shards hold {pos} rows, meta.json says {total}")
     offsets = torch.zeros_like(lengths)
     if len(lengths):
         offsets[1:] = torch.cumsum(lengths, 0)[:-1]

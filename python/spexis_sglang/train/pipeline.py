@@ -67,6 +67,7 @@ class PipelineConfig:
     # length predictor
     length_epochs: int = 20
     length_lr: float = 1e-3
+    length_batch_rows: int = 1024
     # scalar inputs besides the hidden state (models.length_predictor.FEATURES); () = paper's
     length_features: tuple[str, ...] = LENGTH_FEATURES
     length_output: str = LENGTH_OUTPUT  # "independent" (paper) or "cumulative" (monotone)
@@ -79,6 +80,17 @@ class PipelineConfig:
     prompts_file: str = ""  # read the prompt sets from here instead of the data packages
     # collect as worker k of n (one process per GPU); a plain collect afterwards merges
     collect_worker: tuple[int, int] = (0, 1)
+    # training prompts per source (None = the whole split) instead of n_train x TRAIN_MIX
+    train_counts: dict | None = None
+    collect_batch_tokens: int = 0  # KV token budget of a generate batch (0: batch_size rows)
+    collect_deadline: float = 0.0  # unix time: start no shard that would end later (0: none)
+    collect_allow_partial: bool = False  # a merge writes meta.json with shards missing
+    # the length predictor's checkpoint / calibration name: length[-tag].pt, so variants
+    # (e.g. with tokens_generated) train side by side on the same data
+    length_tag: str = ""
+    # > 0 (and below max_new_tokens): evaluate also reports every number on the data cut to
+    # this answer cap (collect.capped), comparable with a run collected at that cap
+    compare_cap: int = 0
     command: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -116,6 +128,50 @@ PRESETS: dict[str, dict] = {
         batch_tokens=8192,
         length_epochs=3,
     ),
+    # one H200, two device calls (benchmark/gpu/train_artifacts.sh PHASE=collect, then
+    # PHASE=train): every ShareGPT training-split conversation plus the gpu preset's other
+    # sources (the same prompts: seeded order), answers capped at 768 instead of 256, the
+    # evaluation sets of the gpu preset; fewer epochs over ~3.5x the tokens
+    "gpu-long": dict(
+        device="cuda",
+        threads=2,
+        train_counts={
+            "sharegpt": None,
+            "gsm8k": 500,
+            "alpaca_eval": 500,
+            "humaneval": 250,
+            "arena_hard": 250,
+        },
+        n_val=400,
+        n_sharegpt_test=400,
+        n_other_test=200,
+        n_eval_per_category=80,
+        max_prompt_tokens=1536,
+        max_new_tokens=768,
+        batch_size=384,
+        collect_batch_tokens=300_000,
+        draft_epochs=4,
+        draft_lr=2e-3,
+        batch_tokens=8192,
+        length_epochs=3,
+        length_batch_rows=4096,  # ~5x the rows of gpu: about its number of steps
+        compare_cap=256,
+    ),
+    # the gpu-long recipe at unit-test size (CPU dry runs of the two-call flow)
+    "tiny-long": dict(
+        train_counts={"sharegpt": 6, "gsm8k": 1, "alpaca_eval": 1, "humaneval": 1, "arena_hard": 1},
+        n_val=4,
+        n_sharegpt_test=4,
+        n_other_test=2,
+        n_eval_per_category=1,
+        max_new_tokens=12,
+        batch_size=4,
+        collect_batch_tokens=4 * 200,
+        draft_epochs=1,
+        length_epochs=1,
+        length_min_predicted=1,
+        compare_cap=6,
+    ),
     # unit tests / smoke runs
     "tiny": dict(
         n_train=8,
@@ -152,6 +208,15 @@ def _data_dir(cfg: PipelineConfig, name: str) -> str:
 
 def _ckpt(cfg: PipelineConfig, name: str) -> str:
     return os.path.join(cfg.work_dir, "checkpoints", name)
+
+
+def _tagged(cfg: PipelineConfig, name: str) -> str:
+    """``length.pt`` -> ``length-<length_tag>.pt`` (also calibration.json, timing keys), so
+    length-predictor variants train, calibrate and evaluate side by side on the same data."""
+    if not cfg.length_tag:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}-{cfg.length_tag}{dot}{ext}"
 
 
 def _timings_path(cfg: PipelineConfig) -> str:
@@ -205,7 +270,7 @@ def data_sets(cfg: PipelineConfig) -> dict[str, list]:
     if cfg.prompts_file and os.path.isfile(cfg.prompts_file):
         return read_prompt_sets(cfg.prompts_file)
     sets = {
-        "train": training_prompts(cfg.n_train, "train", cfg.seed),
+        "train": training_prompts(cfg.n_train, "train", cfg.seed, counts=cfg.train_counts),
         "val": training_prompts(cfg.n_val, "val", cfg.seed),
         "sharegpt_test": deterministic_sample(
             source_split("sharegpt", "test", cfg.seed),
@@ -226,7 +291,11 @@ def data_sets(cfg: PipelineConfig) -> dict[str, list]:
 def write_prompt_sets(cfg: PipelineConfig, path: str) -> dict[str, int]:
     """Freeze the prompt sets into one JSON file (to collect on a machine without the data packages)."""
     sets = data_sets(replace(cfg, prompts_file=""))
-    blob = {name: [asdict(p) for p in prompts] for name, prompts in sets.items()}
+    # references (human / ChatGPT answers) only built the derived prompts, already made here:
+    # left out, the file carries in about half the bytes
+    blob = {
+        name: [{**asdict(p), "reference": ""} for p in prompts] for name, prompts in sets.items()
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(blob, f)
@@ -273,9 +342,16 @@ def step_collect(cfg: PipelineConfig) -> dict:
         device=cfg.device,
         worker=worker,
         num_workers=num_workers,
+        batch_tokens=cfg.collect_batch_tokens,
+        deadline=cfg.collect_deadline,
+        allow_partial=cfg.collect_allow_partial,
     )
     metas = {}
-    for name, prompts in data_sets(cfg).items():
+    sets = data_sets(cfg)
+    # the small evaluation sets first: with a deadline, what is left over is training data
+    order = [k for k in sets if k != "train"] + [k for k in sets if k == "train"]
+    for name in order:
+        prompts = sets[name]
         metas[name] = collect(
             base, prompts, _data_dir(cfg, name), ccfg, name, desc=f"collect {name}"
         )
@@ -293,6 +369,7 @@ def step_collect(cfg: PipelineConfig) -> dict:
             "answer_tokens": m["n_answer_tokens"],
             "gen_mismatches": m["gen_mismatches"],
             "skipped_too_long": m["skipped_too_long"],
+            "missing_shards": m.get("missing_shards", 0),
         }
         for k, m in metas.items()
     }
@@ -380,6 +457,7 @@ def step_train_length(cfg: PipelineConfig) -> dict:
             exit_layer=cfg.length_exit,
             epochs=cfg.length_epochs,
             lr=cfg.length_lr,
+            batch_rows=cfg.length_batch_rows,
             seed=cfg.seed,
             device=cfg.device,
             pos_weight=cfg.length_pos_weight,
@@ -396,9 +474,9 @@ def step_train_length(cfg: PipelineConfig) -> dict:
             "output": model.cfg.output,
             "mask": cfg.length_mask,
         },
-        _ckpt(cfg, "length.pt"),
+        _ckpt(cfg, _tagged(cfg, "length.pt")),
     )
-    _record_time(cfg, "train-length", time.time() - t0)
+    _record_time(cfg, _tagged(cfg, "train-length"), time.time() - t0)
     return info
 
 
@@ -406,8 +484,8 @@ def _load_length(cfg: PipelineConfig):
     from spexis_sglang.models.artifact import architecture_fields
     from spexis_sglang.models.length_predictor import LengthPredictor, LengthPredictorConfig
 
-    ck = torch.load(_ckpt(cfg, "length.pt"), map_location="cpu")
-    cal_path = _ckpt(cfg, "calibration.json")
+    ck = torch.load(_ckpt(cfg, _tagged(cfg, "length.pt")), map_location="cpu")
+    cal_path = _ckpt(cfg, _tagged(cfg, "calibration.json"))
     cutoffs = None
     if os.path.isfile(cal_path):
         with open(cal_path) as f:
@@ -441,7 +519,7 @@ def step_calibrate(cfg: PipelineConfig) -> dict:
         min_predicted=cfg.length_min_predicted,
         mask=cfg.length_mask,
     )
-    with open(_ckpt(cfg, "calibration.json"), "w") as f:
+    with open(_ckpt(cfg, _tagged(cfg, "calibration.json")), "w") as f:
         json.dump(
             {
                 "cutoffs": cutoffs,
@@ -453,8 +531,41 @@ def step_calibrate(cfg: PipelineConfig) -> dict:
             f,
             indent=1,
         )
-    _record_time(cfg, "calibrate", time.time() - t0)
+    _record_time(cfg, _tagged(cfg, "calibrate"), time.time() - t0)
     return {"cutoffs": cutoffs, "validation": stats}
+
+
+def _views(cfg: PipelineConfig, data) -> dict:
+    """{"": the data, "_cap<N>": cut to compare_cap} (the second only when it cuts)."""
+    from spexis_sglang.train.collect import capped
+
+    out = {"": data}
+    if 0 < cfg.compare_cap < (data.max_new_tokens or 0):
+        out[f"_cap{cfg.compare_cap}"] = capped(data, cfg.compare_cap)
+    return out
+
+
+def _length_quality(model, cutoffs, data, exit_layer: int, device: str, mask: str) -> list[dict]:
+    """Precision / recall per threshold of a length predictor at its cutoffs on one set."""
+    from spexis_sglang.train.length import length_rows, precision_recall, predict_probs
+
+    rows = length_rows(data, exit_layer)
+    probs = predict_probs(model, rows, device).numpy()
+    y, known = rows.labels(model.cfg.thresholds, mask)
+    return [
+        {
+            "threshold": t,
+            **precision_recall(probs[:, k], y[:, k].numpy(), known[:, k].numpy(), cutoffs[k]),
+        }
+        for k, t in enumerate(model.cfg.thresholds)
+    ]
+
+
+def _eval_sets(cfg: PipelineConfig) -> dict[str, str]:
+    sets = {"ShareGPT": "sharegpt_test", "SpecBench-like": "specbench"}
+    if os.path.isfile(os.path.join(_data_dir(cfg, "other_test"), "meta.json")):
+        sets["ArenaHard+HumanEval"] = "other_test"
+    return sets
 
 
 def step_evaluate(cfg: PipelineConfig) -> dict:
@@ -492,7 +603,15 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         )
         stages = max(2, round(n_layers / ex))
         frac = {2: "1/2", 4: "1/4"}.get(stages, f"1/{stages}")
+        capped_acc = {
+            f"acceptance{suffix}": acceptance_by_category(
+                draft_predictions(head, view, ex, base.lm_head_weight, cfg.device), view.meta
+            )
+            for suffix, view in _views(cfg, spec).items()
+            if suffix
+        }
         results["draft"][f"exit{ex}"] = {
+            **capped_acc,
             "exit_layer": ex,
             "exit_fraction": frac,
             "acceptance": acceptance_by_category(pred, spec.meta),
@@ -508,7 +627,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         )
     # length predictor
     model, linfo = _load_length(cfg)
-    with open(_ckpt(cfg, "calibration.json")) as f:
+    with open(_ckpt(cfg, _tagged(cfg, "calibration.json"))) as f:
         cal = json.load(f)
     lp = {
         "exit_layer": cfg.length_exit,
@@ -523,9 +642,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "eval_known_mask": {},
         "training": {k: v for k, v in linfo.items() if k != "history"},
     }
-    eval_sets = {"ShareGPT": "sharegpt_test", "SpecBench-like": "specbench"}
-    if os.path.isfile(os.path.join(_data_dir(cfg, "other_test"), "meta.json")):
-        eval_sets["ArenaHard+HumanEval"] = "other_test"
+    eval_sets = _eval_sets(cfg)
     for label, name in eval_sets.items():
         data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
         rows = length_rows(data, cfg.length_exit)
@@ -541,6 +658,11 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
                 }
                 for k, t in enumerate(model.cfg.thresholds)
             ]
+        for suffix, view in _views(cfg, data).items():
+            if suffix:
+                lp.setdefault(f"eval{suffix}", {})[label] = _length_quality(
+                    model, cal["cutoffs"], view, cfg.length_exit, cfg.device, lp["mask"]
+                )
     results["length"] = lp
     timings = {}
     if os.path.isfile(_timings_path(cfg)):
@@ -557,9 +679,9 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("notes",)},
     }
     paths = write_report(results, cfg.results_dir, cfg.results_stem)
-    with open(os.path.join(cfg.work_dir, "evaluation.json"), "w") as f:
+    with open(os.path.join(cfg.work_dir, _tagged(cfg, "evaluation.json")), "w") as f:
         json.dump(results, f, indent=1)
-    _record_time(cfg, "evaluate", time.time() - t0)
+    _record_time(cfg, _tagged(cfg, "evaluate"), time.time() - t0)
     logger.info("wrote %s", paths)
     return results
 
@@ -572,8 +694,10 @@ def _data_summary(cfg: PipelineConfig) -> dict:
             with open(p) as f:
                 m = json.load(f)
             fin = sum(s["finished"] for s in m["sequences"])
+            miss = m.get("missing_shards", 0)
             out[name] = (
-                f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
+                (f"PARTIAL ({miss} of {m['n_shards']} shards missing): " if miss else "")
+                + f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
                 f"{fin} ended with EOS, {m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
                 f"{m['skipped_too_long']} prompts skipped as too long"
             )
@@ -585,7 +709,7 @@ def step_export(cfg: PipelineConfig) -> dict:
     from spexis_sglang.models.length_predictor import load_length_predictor, save_length_predictor
 
     base = base_model(cfg)
-    ev_path = os.path.join(cfg.work_dir, "evaluation.json")
+    ev_path = os.path.join(cfg.work_dir, _tagged(cfg, "evaluation.json"))
     ev = {}
     if os.path.isfile(ev_path):
         with open(ev_path) as f:
@@ -663,8 +787,9 @@ def step_check_artifacts(cfg: PipelineConfig) -> dict:
         head, _ = load_draft_head(
             os.path.join(cfg.artifact_dir, f"draft-exit{ex}"), base.config, exit_layer=ex
         )
-        pred = draft_predictions(head, spec, ex, base.lm_head_weight, cfg.device)
-        out[f"draft-exit{ex}"] = acceptance_by_category(pred, spec.meta)
+        for suffix, view in _views(cfg, spec).items():
+            pred = draft_predictions(head, view, ex, base.lm_head_weight, cfg.device)
+            out[f"draft-exit{ex}{suffix}"] = acceptance_by_category(pred, view.meta)
     lp, lcfg = load_length_predictor(
         os.path.join(cfg.artifact_dir, "length"), base.config, exit_layer=cfg.length_exit
     )
@@ -680,9 +805,62 @@ def step_check_artifacts(cfg: PipelineConfig) -> dict:
         }
         for k, t in enumerate(lp.cfg.thresholds)
     ]
+    # every evaluation set, on the label mask this run's predictors are evaluated with
+    out["length_features"] = list(lp.cfg.features)
+    out["length_eval"] = {}
+    for label, name in _eval_sets(cfg).items():
+        data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
+        for suffix, view in _views(cfg, data).items():
+            out["length_eval"].setdefault(f"eval{suffix}", {})[label] = _length_quality(
+                lp, lp.cfg.cutoffs, view, cfg.length_exit, cfg.device, cfg.length_mask
+            )
     with open(os.path.join(cfg.work_dir, "artifact_check.json"), "w") as f:
         json.dump(out, f, indent=1)
     return out
+
+
+def step_compare(cfg: PipelineConfig) -> dict:
+    """New vs shipped, one report (``<stem>_compare.{json,md}``): draft acceptance per category
+    (this run's heads vs the shipped ones, evaluated on the same data) and length
+    precision / recall per threshold for the shipped predictor and every variant trained here
+    (``evaluation[-tag].json``), so that what to ship can be decided from one table."""
+    from spexis_sglang.train.report import write_compare
+
+    def read(name):
+        path = os.path.join(cfg.work_dir, name)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    shipped = read("artifact_check.json")
+    if shipped is None:
+        raise FileNotFoundError("run check-artifacts (the shipped artifacts on this data) first")
+    variants = {}
+    for fn in sorted(os.listdir(cfg.work_dir)):
+        if fn.startswith("evaluation") and fn.endswith(".json"):
+            tag = fn[len("evaluation") : -len(".json")].lstrip("-") or "hidden"
+            variants[tag] = read(fn)
+    if not variants:
+        raise FileNotFoundError("run evaluate first")
+    variants = dict(sorted(variants.items(), key=lambda kv: kv[0] != "hidden"))
+    out = {
+        "preset": cfg.preset,
+        "compare_cap": cfg.compare_cap,
+        "max_new_tokens": cfg.max_new_tokens,
+        "shipped": shipped,
+        "new": variants,
+        "data": _data_summary(cfg),
+        "target_recall": 0.40,
+        "target_precision": cfg.target_precision,
+        "target_acceptance": 0.70,
+    }
+    timings = read("timings.json")
+    if timings:
+        out["timings"] = timings
+    paths = write_compare(out, cfg.results_dir, f"{cfg.results_stem}_compare")
+    logger.info("wrote %s", paths)
+    return {"paths": paths}
 
 
 def step_all(cfg: PipelineConfig) -> dict:

@@ -355,3 +355,122 @@ def plot_fig9(r: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _pr(st: dict | None) -> str:
+    if not st:
+        return "–"
+    return f"{_fmt(st.get('precision', float('nan')), True)} / {_fmt(st.get('recall', float('nan')), True)}"
+
+
+def _meets(st: dict | None, precision: float, recall: float) -> bool:
+    if not st:
+        return False
+    p, r = st.get("precision", float("nan")), st.get("recall", float("nan"))
+    return p == p and r == r and p >= precision and r >= recall
+
+
+def render_compare(c: dict) -> str:
+    """Markdown for ``step_compare``: new vs shipped acceptance and length precision / recall."""
+    cap, view = c.get("max_new_tokens"), c.get("compare_cap")
+    views = [("", f"answers capped at {cap} (this collection)")]
+    if view and cap and view < cap:
+        views.append(
+            (
+                f"_cap{view}",
+                f"the same data cut to {view}-token answers (comparable with a {view}-cap run; "
+                "multi-turn turn-2 contexts keep their longer turn-1 answers)",
+            )
+        )
+    shipped, new = c["shipped"], c["new"]
+    heads = next(iter(new.values()))  # every variant evaluates the same draft heads
+    tp, tr = c.get("target_precision", 0.8), c.get("target_recall", 0.4)
+    lines = [
+        f"# New vs shipped — preset `{c.get('preset')}`",
+        "",
+        "Shipped = the committed artifacts (`python/spexis_sglang/artifacts/`), evaluated by "
+        "`check-artifacts` on this run's data; new = trained in this run. Same rows for both.",
+        "",
+        f"## First-draft acceptance on the SpecBench-like mix (target avg >= {c.get('target_acceptance', 0.7):.2f} at the 1/2 exit)",
+        "",
+    ]
+    cats = list(CATEGORIES)
+    for suffix, label in views:
+        lines += [f"{label}:", ""]
+        lines.append("| Head | " + " | ".join(CATEGORY_LABELS[k] for k in cats) + " | Avg. |")
+        lines.append("|---|" + "---|" * (len(cats) + 1))
+        for name, ex in heads.get("draft", {}).items():
+            for who, acc in (
+                ("shipped", shipped.get(f"draft-{name}{suffix}")),
+                ("new", ex.get(f"acceptance{suffix}")),
+            ):
+                if not acc:
+                    continue
+                row = [f"{who} {name}"] + [
+                    _fmt(acc.get(k, {}).get("acceptance", float("nan"))) for k in cats
+                ]
+                row.append(f"**{_fmt(acc['avg']['acceptance'])}**")
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines += [
+        f"## Remaining-length prediction: precision / recall at the calibrated cutoffs (target: recall >= {tr:.2f} at precision >= {tp:.2f} for L<16, L<32, L<64)",
+        "",
+        "Shipped predictor with its own cutoffs; new ones calibrated on this run's validation "
+        "set. Label mask as in the run (`window`). ✓ = target met.",
+        "",
+    ]
+    predictors = [("shipped", shipped.get("length_eval", {}), shipped.get("length_features", []))]
+    for tag, ev in new.items():
+        lp = ev.get("length", {})
+        predictors.append((f"new ({tag})", lp, lp.get("features", [])))
+    for suffix, label in views:
+        key = f"eval{suffix}"
+        sets = []
+        for _, lp, _ in predictors:
+            for s in lp.get(key, {}):
+                if s not in sets:
+                    sets.append(s)
+        for s in sets:
+            lines += [f"{s}, {label}:", ""]
+            lines.append(
+                "| Predictor (features) | "
+                + " | ".join(
+                    f"L<{st['threshold']}"
+                    for st in next(lp[key][s] for _, lp, _ in predictors if s in lp.get(key, {}))
+                )
+                + " |"
+            )
+            n = len(next(lp[key][s] for _, lp, _ in predictors if s in lp.get(key, {})))
+            lines.append("|---|" + "---|" * n)
+            for name, lp, feats in predictors:
+                rows = lp.get(key, {}).get(s)
+                if not rows:
+                    continue
+                cells = []
+                for st in rows:
+                    mark = " ✓" if st["threshold"] in (16, 32, 64) and _meets(st, tp, tr) else ""
+                    cells.append(_pr(st) + mark)
+                lines.append(
+                    f"| {name} ({', '.join(feats) or 'hidden only'}) | " + " | ".join(cells) + " |"
+                )
+            lines.append("")
+    if c.get("data"):
+        lines += ["## Data", ""] + [f"- {k}: {v}" for k, v in c["data"].items()] + [""]
+    if c.get("timings"):
+        lines += (
+            ["## Wall times", ""]
+            + [f"- {k}: {v:.0f} s" for k, v in c["timings"].items() if isinstance(v, (int, float))]
+            + [""]
+        )
+    return "\n".join(lines)
+
+
+def write_compare(c: dict, results_dir: str, stem: str) -> list[str]:
+    os.makedirs(results_dir, exist_ok=True)
+    jpath = os.path.join(results_dir, f"{stem}.json")
+    with open(jpath, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+    mpath = os.path.join(results_dir, f"{stem}.md")
+    with open(mpath, "w") as f:
+        f.write(render_compare(c))
+    return [jpath, mpath]
