@@ -104,12 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--collect-server-dtype",
         default=None,
-        help="dtype of the collect SGLang server (default float32, as the teacher-forced pass)",
+        help="dtype of the collect SGLang server (default: float32 on CPU, bfloat16 on a GPU)",
     )
     p.add_argument(
         "--collect-server-args",
         default=None,
-        help="more arguments for the collect SGLang server (one string, e.g. the GPU flags)",
+        help="more arguments for the collect SGLang server, one string; write "
+        "--collect-server-args='--flag value ...' (with '=', as the value starts with '--')",
     )
     p.add_argument(
         "--length-source",

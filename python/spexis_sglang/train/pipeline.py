@@ -88,8 +88,11 @@ class PipelineConfig:
     # who generates collect's greedy answers: "hf" (batched generate) or "sglang" (one
     # spexis_sglang.launch_server per collect call, every prompt of a set in one request batch)
     collect_backend: str = "hf"
-    # the SGLang server's dtype and extra arguments (e.g. the GPU machine's required flags)
-    collect_server_dtype: str = "float32"
+    # the SGLang server's dtype ("" = float32 on CPU, as the teacher-forced pass; bfloat16 on a
+    # GPU: sgl-kernel's rmsnorm has no float32 kernel, the server dies capturing CUDA graphs,
+    # seen 2026-12-02; ``next`` from the fp32 teacher-forced pass stays the label) and extra
+    # arguments (e.g. the GPU machine's required flags)
+    collect_server_dtype: str = ""
     collect_server_args: str = ""
     # the length predictor's input: "hidden" (hidden_<length_exit>, what serving has) or
     # "final" (the last layer after the final norm: a ceiling for any hidden-state predictor)
@@ -422,7 +425,8 @@ def _sglang_answers(cfg: PipelineConfig, base, sets: dict, order: list[str], ccf
     if not todo:
         return out
     t0 = time.time()
-    args = ["--model-path", cfg.model_path, "--dtype", cfg.collect_server_dtype]
+    dtype = cfg.collect_server_dtype or ("float32" if cfg.device == "cpu" else "bfloat16")
+    args = ["--model-path", cfg.model_path, "--dtype", dtype]
     args += ["--random-seed", str(cfg.seed)] + shlex.split(cfg.collect_server_args)
     os.makedirs(cfg.work_dir, exist_ok=True)
     log = os.path.join(cfg.work_dir, "collect-server.log")
