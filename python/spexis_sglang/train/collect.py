@@ -172,14 +172,16 @@ def sglang_generate(
     eos_ids: tuple[int, ...],
     chunk: int = 512,
     threads: int = 32,
-) -> list[tuple[list[int], bool]]:
+    deadline: float = 0.0,
+) -> list[tuple[list[int], bool] | None]:
     """Greedy answers from a running SGLang server, as :func:`generate_greedy` makes them.
 
     Token ids in, token ids out (no re-tokenisation); stop on the HF generation config's EOS
     ids (``stop_token_ids``) and at ``max_new_tokens`` (``ignore_eos`` would drop ``stop_token_ids`` too; SGLang's own
     EOS set for this model is the same, an answer that stops elsewhere is logged). The
     prompts go out in concurrent chunks, so the server holds
-    all of them at once and batches them itself.
+    all of them at once and batches them itself. With ``deadline`` (unix time) the chunks not
+    done by then are left out (``None``; the server is stopped afterwards anyway).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -203,24 +205,42 @@ def sglang_generate(
         out = out if isinstance(out, list) else [out]
         return [_answer_from_sglang(o, eos_ids) for o in out]
 
+    from concurrent.futures import wait
+
     parts = [prompts[i : i + chunk] for i in range(0, len(prompts), chunk)]
-    with ThreadPoolExecutor(max(1, min(threads, len(parts)))) as pool:
-        results = list(pool.map(one, parts))
-    answers = [a for part in results for a in part]
-    odd = sum(1 for a, fin in answers if not fin and len(a) < max_new_tokens)
+    pool = ThreadPoolExecutor(max(1, min(threads, len(parts))))
+    futures = [pool.submit(one, part) for part in parts]
+    timeout = max(0.0, deadline - time.time()) if deadline else None
+    wait(futures, timeout=timeout)
+    answers: list = []
+    for part, fut in zip(parts, futures):
+        answers += fut.result() if fut.done() else [None] * len(part)
+    pool.shutdown(wait=False, cancel_futures=True)
+    left = sum(a is None for a in answers)
+    if left:
+        logger.warning(
+            "sglang: deadline reached, %d of %d prompts not answered", left, len(answers)
+        )
+    odd = sum(1 for a in answers if a and not a[1] and len(a[0]) < max_new_tokens)
     if odd:
         logger.warning("sglang: %d answers stopped before the cap without an HF EOS id", odd)
     return answers
 
 
 def sglang_answers(
-    base: BaseModel, base_url: str, prompts: list[Prompt], cfg: CollectConfig, path: str
+    base: BaseModel,
+    base_url: str,
+    prompts: list[Prompt],
+    cfg: CollectConfig,
+    path: str,
+    deadline: float = 0.0,
 ) -> dict[str, dict]:
     """Every prompt's final-round prompt ids and greedy answer from a running SGLang server.
 
     Round by round over the whole set (one big request batch per round): a multi-turn
     prompt's earlier answers are decoded into its chat exactly as the HF path does. The
     result is cached in ``path`` (JSON by uid), so a resumed collect does not regenerate.
+    With ``deadline``, prompts not answered by then are left out (and not cached).
     """
     if os.path.isfile(path):
         with open(path) as f:
@@ -239,6 +259,7 @@ def sglang_answers(
         if len(ids[p.uid]) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens
     ]
     answers: dict[str, tuple[list[int], bool]] = {}
+    n_todo = len(todo)
     rounds = max((len(p.followups) for p in todo), default=-1) + 1
     for r in range(rounds):
         batch = [p for p in todo if len(p.followups) >= r]
@@ -251,10 +272,18 @@ def sglang_answers(
                 ]
                 ids[p.uid] = chat_ids(base, chats[p.uid])
         new = sglang_generate(
-            base_url, [ids[p.uid] for p in batch], cfg.max_new_tokens, base.eos_ids
+            base_url,
+            [ids[p.uid] for p in batch],
+            cfg.max_new_tokens,
+            base.eos_ids,
+            deadline=deadline,
         )
         for p, a in zip(batch, new):
-            answers[p.uid] = a
+            if a is None:
+                answers.pop(p.uid, None)  # an earlier round's answer is no final answer
+            else:
+                answers[p.uid] = a
+        todo = [p for p in todo if p.uid in answers]
     out = {
         p.uid: {
             "prompt_ids": ids[p.uid],
@@ -272,6 +301,8 @@ def sglang_answers(
         dt,
         n / max(dt, 1e-9),
     )
+    if deadline and len(out) < n_todo:
+        return out  # incomplete: a resumed call generates the set again
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump({"max_new_tokens": cfg.max_new_tokens, "seconds": dt, "answers": out}, f)

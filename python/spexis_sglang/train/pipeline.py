@@ -430,15 +430,29 @@ def _sglang_answers(cfg: PipelineConfig, base, sets: dict, order: list[str], ccf
     args += ["--random-seed", str(cfg.seed)] + shlex.split(cfg.collect_server_args)
     os.makedirs(cfg.work_dir, exist_ok=True)
     log = os.path.join(cfg.work_dir, "collect-server.log")
+    # a SIGTERM (the script's time guard, `timeout`) must stop the server too: it runs in a
+    # session of its own, so nothing else would
+    import signal
+
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = ServerProcess(args, log_path=log)
     try:
         server.wait_ready(timeout=900)
         logger.info("sglang server ready after %.0f s (log %s)", server.ready_after, log)
+        # with a collect deadline, generation leaves 30% of the time left (at least 30 s) to
+        # the teacher-forced pass; a set not answered in full is collected from what is
+        gen_deadline = 0.0
+        if cfg.collect_deadline:
+            left = cfg.collect_deadline - time.time()
+            gen_deadline = cfg.collect_deadline - max(30.0, 0.3 * left)
         for name in todo:
             path = os.path.join(_data_dir(cfg, name), "answers.json")
-            out[name] = sglang_answers(base, server.base_url, sets[name], ccfg, path)
+            out[name] = sglang_answers(
+                base, server.base_url, sets[name], ccfg, path, deadline=gen_deadline
+            )
     finally:
         server.stop()
+        signal.signal(signal.SIGTERM, old)
     _record_time(cfg, "collect sglang answers (incl. server start)", time.time() - t0)
     return out
 
