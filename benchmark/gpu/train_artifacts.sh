@@ -148,7 +148,7 @@ if [ "$PHASE" != train ]; then
   # merge: with a time limit, start no shard (deadline 1) and write the sets with what exists
   MERGE=()
   [ "$COLLECT_END_S" -gt 0 ] && MERGE=(--collect-deadline 1 --collect-allow-partial)
-  CUDA_VISIBLE_DEVICES=$(gpu 0) train collect --collect-backend hf "${MERGE[@]}" > "$R/logs/collect-merge.log" 2>&1 \
+  CUDA_VISIBLE_DEVICES=$(gpu 0) train collect --collect-backend "$COLLECT_BACKEND" "${MERGE[@]}" > "$R/logs/collect-merge.log" 2>&1 \
     || step_failed "collect merge" collect-merge.log
   tail -n 1 "$R/logs/collect-merge.log" | cut -c1-1500
   echo "collected in $((SECONDS - T0)) s"

@@ -227,9 +227,20 @@ def sglang_generate(
     return answers
 
 
+def read_answers(path: str, cfg: CollectConfig) -> dict | None:
+    """The cached SGLang answers of a set (``{"complete", "answers"}``), None if absent/stale."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        cached = json.load(f)
+    if cached.get("max_new_tokens") != cfg.max_new_tokens:
+        return None
+    return cached
+
+
 def sglang_answers(
     base: BaseModel,
-    base_url: str,
+    base_url: str | None,
     prompts: list[Prompt],
     cfg: CollectConfig,
     path: str,
@@ -240,26 +251,27 @@ def sglang_answers(
     Round by round over the whole set (one big request batch per round): a multi-turn
     prompt's earlier answers are decoded into its chat exactly as the HF path does. The
     result is cached in ``path`` (JSON by uid), so a resumed collect does not regenerate.
-    With ``deadline``, prompts not answered by then are left out (and not cached).
+    With ``deadline``, prompts not answered by then are left out (cached as incomplete; a
+    later call with a server answers the rest and drops the set's shards, whose layout
+    changes). ``base_url`` None: the cache only.
     """
-    if os.path.isfile(path):
-        with open(path) as f:
-            cached = json.load(f)
-        if cached.get("max_new_tokens") == cfg.max_new_tokens and all(
-            p.uid in cached["answers"] for p in prompts
-        ):
-            return cached["answers"]
+    cached = read_answers(path, cfg)
+    if cached and (cached["complete"] or base_url is None):
+        return cached["answers"]
+    if base_url is None:
+        return {}
+    prev = cached["answers"] if cached else {}
     t0 = time.time()
     chats = {p.uid: p.chat() for p in prompts}
     ids = {p.uid: chat_ids(base, chats[p.uid]) for p in prompts}
     # the same filter as collect: prompts too long are not generated at all
-    todo = [
+    wanted = [
         p
         for p in prompts
         if len(ids[p.uid]) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens
     ]
+    todo = [p for p in wanted if p.uid not in prev]
     answers: dict[str, tuple[list[int], bool]] = {}
-    n_todo = len(todo)
     rounds = max((len(p.followups) for p in todo), default=-1) + 1
     for r in range(rounds):
         batch = [p for p in todo if len(p.followups) >= r]
@@ -284,28 +296,40 @@ def sglang_answers(
             else:
                 answers[p.uid] = a
         todo = [p for p in todo if p.uid in answers]
-    out = {
-        p.uid: {
+    out = dict(prev)
+    for p in todo:
+        out[p.uid] = {
             "prompt_ids": ids[p.uid],
             "answer": answers[p.uid][0],
             "finished": answers[p.uid][1],
         }
-        for p in todo
-    }
-    n = sum(len(a["answer"]) for a in out.values())
+    n = sum(len(answers[p.uid][0]) for p in todo)
     dt = time.time() - t0
     logger.info(
-        "sglang: %d answers, %d answer tokens in %.0f s (%.0f tokens/s)",
-        len(out),
+        "sglang: %d answers, %d answer tokens in %.0f s (%.0f tokens/s); %d of %d prompts answered",
+        len(todo),
         n,
         dt,
         n / max(dt, 1e-9),
+        len(out),
+        len(wanted),
     )
-    if deadline and len(out) < n_todo:
-        return out  # incomplete: a resumed call generates the set again
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    out_dir = os.path.dirname(os.path.abspath(path))
+    os.makedirs(out_dir, exist_ok=True)
+    if prev and todo:  # more answers than the shards on disk were cut from: a new layout
+        for fn in os.listdir(out_dir):
+            if fn.startswith("shard-") or fn == "meta.json":
+                os.remove(os.path.join(out_dir, fn))
     with open(path + ".tmp", "w") as f:
-        json.dump({"max_new_tokens": cfg.max_new_tokens, "seconds": dt, "answers": out}, f)
+        json.dump(
+            {
+                "max_new_tokens": cfg.max_new_tokens,
+                "complete": len(out) == len(wanted),
+                "seconds": dt,
+                "answers": out,
+            },
+            f,
+        )
     os.replace(path + ".tmp", path)
     return out
 
@@ -475,6 +499,7 @@ def collect(
             return meta
     # Drop prompts whose (first-round) template is too long; sort by length to limit padding.
     encoded = []
+    not_answered = 0
     if answers is not None:
         # answers known: sort and batch by the full sequence (prompt + answer) the
         # teacher-forced pass runs over, so its batches are full and barely padded
@@ -482,7 +507,12 @@ def collect(
             if p.uid in answers:
                 a = answers[p.uid]
                 encoded.append((p, a["prompt_ids"] + a["answer"]))
-        skipped = len(prompts) - len(encoded)
+            elif (
+                len(chat_ids(base, p.chat())) + (cfg.max_new_tokens + 64) * len(p.followups)
+                <= cfg.max_prompt_tokens
+            ):
+                not_answered += 1  # the generation deadline came first
+        skipped = len(prompts) - len(encoded) - not_answered
         encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
         groups = make_batches([len(s) for _, s in encoded], cfg.batch_size, cfg.batch_tokens)
     else:
@@ -618,6 +648,8 @@ def collect(
         "config": _jsonable(cfg),
         "n_prompts": len(prompts),
         "skipped_too_long": skipped,
+        # backend sglang: prompts the generation deadline left unanswered (not in the set)
+        "not_answered": not_answered,
         "n_shards": len(shards),
         # with allow_partial: the shards present (a later run collects the others)
         "shards": present,

@@ -418,12 +418,19 @@ def _sglang_answers(cfg: PipelineConfig, base, sets: dict, order: list[str], ccf
     import shlex
 
     from spexis_sglang.testing import ServerProcess
-    from spexis_sglang.train.collect import sglang_answers
+    from spexis_sglang.train.collect import read_answers, sglang_answers
 
     todo = [n for n in order if not _set_done(_data_dir(cfg, n))]
     out: dict = {}
-    if not todo:
-        return out
+    cache = {n: os.path.join(_data_dir(cfg, n), "answers.json") for n in todo}
+    gen_deadline = 0.0
+    if cfg.collect_deadline:
+        left = cfg.collect_deadline - time.time()
+        gen_deadline = cfg.collect_deadline - max(30.0, 0.3 * left)
+    complete = all((read_answers(cache[n], ccfg) or {}).get("complete") for n in todo)
+    if complete or (cfg.collect_deadline and time.time() >= gen_deadline):
+        # nothing to generate, or no time to: the cached answers (a merge after a time-out)
+        return {n: sglang_answers(base, None, sets[n], ccfg, cache[n]) for n in todo}
     t0 = time.time()
     dtype = cfg.collect_server_dtype or ("float32" if cfg.device == "cpu" else "bfloat16")
     args = ["--model-path", cfg.model_path, "--dtype", dtype]
@@ -441,14 +448,9 @@ def _sglang_answers(cfg: PipelineConfig, base, sets: dict, order: list[str], ccf
         logger.info("sglang server ready after %.0f s (log %s)", server.ready_after, log)
         # with a collect deadline, generation leaves 30% of the time left (at least 30 s) to
         # the teacher-forced pass; a set not answered in full is collected from what is
-        gen_deadline = 0.0
-        if cfg.collect_deadline:
-            left = cfg.collect_deadline - time.time()
-            gen_deadline = cfg.collect_deadline - max(30.0, 0.3 * left)
         for name in todo:
-            path = os.path.join(_data_dir(cfg, name), "answers.json")
             out[name] = sglang_answers(
-                base, server.base_url, sets[name], ccfg, path, deadline=gen_deadline
+                base, server.base_url, sets[name], ccfg, cache[name], deadline=gen_deadline
             )
     finally:
         server.stop()
@@ -806,6 +808,11 @@ def _data_summary(cfg: PipelineConfig) -> dict:
                 + f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
                 f"{fin} ended with EOS, {m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
                 f"{m['skipped_too_long']} prompts skipped as too long"
+                + (
+                    f", {m['not_answered']} not answered by the generation deadline"
+                    if m.get("not_answered")
+                    else ""
+                )
             )
     return out
 
