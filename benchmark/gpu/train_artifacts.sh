@@ -130,15 +130,16 @@ if [ "$PHASE" != train ]; then
   if [ "$COLLECT_BACKEND" = sglang ]; then
     # one process, one server; CUDA graphs on (bfloat16: no float32 rmsnorm kernel in
     # sgl-kernel); the decode batch runs ~1,600 rows, graphs cover up to 512
-    SARGS="${GPU_FLAGS[*]}"
-    [ "$DEVICE" = cuda ] && SARGS="$SARGS --cuda-graph-max-bs 512 --mem-fraction-static 0.8"
+    SARGS=""
+    [ "$DEVICE" = cuda ] && SARGS="${GPU_FLAGS[*]} --cuda-graph-max-bs 512 --mem-fraction-static 0.8"
     WORKERS=1
     CUDA_VISIBLE_DEVICES=$(gpu 0) "${HARD[@]}" python3 -m spexis_sglang.train collect "${ARGS[@]}" \
       --collect-backend sglang "--collect-server-args=$SARGS" --threads "$NCPU" "${COLLECT_ARGS[@]}" \
       > "$R/logs/collect-0.log" 2>&1 &
     pids+=($!); names+=("collect-0")
   fi
-  for ((k = 0; k < WORKERS && COLLECT_BACKEND != sglang; k++)); do
+  NW=$WORKERS; [ "$COLLECT_BACKEND" = sglang ] && NW=0
+  for ((k = 0; k < NW; k++)); do
     CUDA_VISIBLE_DEVICES=$(gpu $k) "${HARD[@]}" python3 -m spexis_sglang.train collect "${ARGS[@]}" \
       --collect-worker "$k/$WORKERS" --threads "$(threads "$WORKERS")" "${COLLECT_ARGS[@]}" \
       > "$R/logs/collect-$k.log" 2>&1 &
