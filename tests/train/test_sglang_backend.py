@@ -156,3 +156,37 @@ def test_sglang_server_answers_equal_hf_generate():
     finally:
         server.stop()
     assert got == expected
+
+
+def test_generation_deadline_leaves_slow_chunks_out():
+    """The guard inside collect: chunks not answered by the deadline come back as None (the
+    set is then collected from what was answered) instead of holding the call."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from spexis_sglang.train.collect import sglang_generate
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body["input_ids"][0][0] == 99:
+                time.sleep(3)
+            out = [{"output_ids": [7, 2]} for _ in body["input_ids"]]
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        got = sglang_generate(url, [[1], [99], [3]], 8, (2,), chunk=1, deadline=time.time() + 1)
+    finally:
+        httpd.shutdown()
+    assert got == [([7, 2], True), None, ([7, 2], True)]
