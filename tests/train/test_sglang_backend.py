@@ -43,11 +43,8 @@ def test_given_answers_record_what_hf_generate_records(base, tmp_path):
     the same tokens / next / hidden states as the HF path: only the batching differs."""
     prompts = [prompt_for(s) for s in (0, 3, 7, 11, 15, 19)]
     cfg = CollectConfig(exits=(EXIT_LAYER,), max_new_tokens=8, batch_size=3)
-    hf = (
-        load_collected(str(tmp_path / "hf"))
-        if collect(base, prompts, str(tmp_path / "hf"), cfg, "t")
-        else None
-    )
+    collect(base, prompts, str(tmp_path / "hf"), cfg, "t")
+    hf = load_collected(str(tmp_path / "hf"))
     ids = [chat_ids(base, p.chat()) for p in prompts]
     gen = generate_greedy(base, ids, 8)
     answers = {
