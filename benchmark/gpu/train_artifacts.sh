@@ -64,12 +64,14 @@ case $PHASE in collect|train|all) ;; *) echo "PHASE must be collect, train or al
 # the hard time guard: at END_S - 15 s the watchdog stops every descendant of this script
 # (steps, the collect server; by PID, deepest first) and signals it; the trap packs the tarball
 MAIN_PID=$$
+rm -f "$WORK/.time-guard"
 on_time_out() { trap - TERM; echo "=== time guard: stopped at $((SECONDS - T0)) s; packing what finished"; finish 124; }
 if [ "$END_S" -gt 0 ]; then
   trap on_time_out TERM
   (
     sleep $((END_S - 15))
     echo "=== time guard: END_S=$END_S reached, stopping the running steps" >&2
+    touch "$WORK/.time-guard"
     skip=" $BASHPID $(_descendants "$BASHPID" | tr '\n' ' ') "
     kids=$(_descendants "$MAIN_PID")
     for p in $kids; do [[ "$skip" == *" $p "* ]] || kill -TERM "$p" 2>/dev/null; done
@@ -96,7 +98,9 @@ threads() { echo $((NCPU / $1 > 0 ? NCPU / $1 : 1)); }
 train() { local step=$1; shift; python3 -m spexis_sglang.train "$step" "${ARGS[@]}" "$@"; }
 CKPT=$WORK/checkpoints
 gpu() { [ "$DEVICE" = cuda ] && [ "$NGPU" -gt 0 ] && echo $(($1 % NGPU)) || echo ""; }
-step_failed() { echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
+step_failed() {
+  [ -f "$WORK/.time-guard" ] && { echo "$1: stopped by the time guard"; finish 124; }
+  echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
 finish() {
   trap - TERM
   if [ -n "${WATCHDOG:-}" ] && [ "$BASHPID" = "$MAIN_PID" ]; then
