@@ -20,11 +20,20 @@
 #           xz -9 -k .gpu/train/prompts_P.json
 #   there:  carry .gpu/train/prompts_P.json.xz; the default model's GGUF joined first
 #           (benchmark/gpu/default_model_parts.sh join); commands: benchmark/quality/README.md.
+# Collect backend: the preset's (gpu-long: sglang) or COLLECT_BACKEND=hf|sglang. With sglang ONE
+# collect process starts ONE spexis_sglang.launch_server (bfloat16, CUDA graphs, the GPU flags of
+# common.sh), sends every prompt of a set as token ids in one request batch, stops the server,
+# then runs the fp32 HF teacher-forced pass over length-sorted full sequences (WORKERS unused).
+# PHASE=all with END_S (default 560 for PHASE=all, 0 = none): a watchdog stops whatever still
+# runs END_S - 15 s after the start and packs the tarball with what finished (exit 124); the
+# collect deadline then defaults to COLLECT_END_S=330 so that training gets time.
 # Output: $OUT/train_artifacts.tar.gz (artifacts/, artifacts-<tag>/, results/ = quality*.*,
 # timings.json, evaluation*.json, artifact_check.json, logs/). Env: PRESET (gpu), PHASE,
 # DEVICE (cuda; cpu for a dry run here), WORKERS (default: the GPU count), COLLECT_END_S,
-# LENGTH_VARIANTS ("tag=features ...", default "tg=tokens_generated"; "" = none besides the
-# preset's own), WORK (/tmp/spexis-train), EXTRA (more train options), PROMPTS_XZ.
+# LENGTH_VARIANTS ("tag=features[@final] ...", default "tg=tokens_generated ceil=@final";
+# "@final": the length predictor reads the last hidden state after the final norm, a ceiling
+# for any hidden-state predictor, evaluated but not exported; "" = none besides the preset's
+# own), COLLECT_BACKEND, END_S, WORK (/tmp/spexis-train), EXTRA (more train options), PROMPTS_XZ.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
@@ -39,8 +48,10 @@ PROMPTS_XZ=${PROMPTS_XZ:-.gpu/train/prompts_$PRESET.json.xz}
 [ -f "$PROMPTS_XZ" ] || [ "$PRESET" != gpu ] || PROMPTS_XZ=.gpu/train/prompts_gpu.json.xz
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 WORKERS=${WORKERS:-$((NGPU > 0 ? NGPU : 1))}
-COLLECT_END_S=${COLLECT_END_S:-0}
-LENGTH_VARIANTS=${LENGTH_VARIANTS-tg=tokens_generated}
+END_S=${END_S:-$([ "$PHASE" = all ] && echo 560 || echo 0)}
+COLLECT_END_S=${COLLECT_END_S:-$([ "$END_S" -gt 0 ] && echo $((END_S * 59 / 100)) || echo 0)}
+LENGTH_VARIANTS=${LENGTH_VARIANTS-tg=tokens_generated ceil=@final}
+COLLECT_BACKEND=${COLLECT_BACKEND:-$(PYTHONPATH=$SPEXIS_REPO/python${PYTHONPATH:+:$PYTHONPATH} python3 -c "from spexis_sglang.train.pipeline import PRESETS as P; print(P['$PRESET'].get('collect_backend', 'hf'))" 2>/dev/null || echo hf)}
 SHIPPED=${SHIPPED:-python/spexis_sglang/artifacts/smollm2-135m-instruct}
 # the converted model under the work dir's parent: it survives between the calls with it
 export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-$(dirname "$WORK")/spexis-cache}
@@ -50,6 +61,26 @@ mkdir -p "$WORK" "$R/logs" "$OUT"
 T0=$SECONDS
 START_EPOCH=$(date +%s)
 case $PHASE in collect|train|all) ;; *) echo "PHASE must be collect, train or all" >&2; exit 2 ;; esac
+# the hard time guard: at END_S - 15 s the watchdog stops every descendant of this script
+# (steps, the collect server; by PID, deepest first) and signals it; the trap packs the tarball
+MAIN_PID=$$
+rm -f "$WORK/.time-guard"
+on_time_out() { trap - TERM; echo "=== time guard: stopped at $((SECONDS - T0)) s; packing what finished"; finish 124; }
+if [ "$END_S" -gt 0 ]; then
+  trap on_time_out TERM
+  (
+    sleep $((END_S - 15))
+    echo "=== time guard: END_S=$END_S reached, stopping the running steps" >&2
+    touch "$WORK/.time-guard"
+    skip=" $BASHPID $(_descendants "$BASHPID" | tr '\n' ' ') "
+    kids=$(_descendants "$MAIN_PID")
+    for p in $kids; do [[ "$skip" == *" $p "* ]] || kill -TERM "$p" 2>/dev/null; done
+    sleep 3
+    for p in $kids; do [[ "$skip" == *" $p "* ]] || kill -KILL "$p" 2>/dev/null; done
+    kill -TERM "$MAIN_PID" 2>/dev/null
+  ) &
+  WATCHDOG=$!
+fi
 if [ "$PHASE" != train ]; then
   [ -f "$PROMPTS_XZ" ] || { echo "no $PROMPTS_XZ (see the header)" >&2; exit 2; }
   xz -dc "$PROMPTS_XZ" > "$WORK/prompts.json" || exit 2
@@ -67,8 +98,14 @@ threads() { echo $((NCPU / $1 > 0 ? NCPU / $1 : 1)); }
 train() { local step=$1; shift; python3 -m spexis_sglang.train "$step" "${ARGS[@]}" "$@"; }
 CKPT=$WORK/checkpoints
 gpu() { [ "$DEVICE" = cuda ] && [ "$NGPU" -gt 0 ] && echo $(($1 % NGPU)) || echo ""; }
-step_failed() { echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
+step_failed() {
+  [ -f "$WORK/.time-guard" ] && { echo "$1: stopped by the time guard"; finish 124; }
+  echo "FAILED: $1 (logs in $R/logs)" >&2; tail -n 30 "$R/logs/$2" >&2; finish 1; }
 finish() {
+  trap - TERM
+  if [ -n "${WATCHDOG:-}" ] && [ "$BASHPID" = "$MAIN_PID" ]; then
+    kill $(_descendants "$WATCHDOG") "$WATCHDOG" 2>/dev/null; WATCHDOG=
+  fi
   cp -f "$WORK"/timings.json "$WORK"/evaluation*.json "$WORK"/artifact_check.json "$R/" 2>/dev/null
   tar -czf "$OUT/train_artifacts.tar.gz" -C "$R" .
   echo "=== train_artifacts ($PHASE) done in $((SECONDS - T0)) s (exit $1)"
@@ -94,7 +131,19 @@ if [ "$PHASE" != train ]; then
     HARD=(timeout -s TERM "$((COLLECT_END_S + 30 - (SECONDS - T0)))")
   fi
   pids=(); names=()
-  for ((k = 0; k < WORKERS; k++)); do
+  if [ "$COLLECT_BACKEND" = sglang ]; then
+    # one process, one server; CUDA graphs on (bfloat16: no float32 rmsnorm kernel in
+    # sgl-kernel); the decode batch runs ~1,600 rows, graphs cover up to 512
+    SARGS=""
+    [ "$DEVICE" = cuda ] && SARGS="${GPU_FLAGS[*]} --cuda-graph-max-bs 512 --mem-fraction-static 0.8"
+    WORKERS=1
+    CUDA_VISIBLE_DEVICES=$(gpu 0) "${HARD[@]}" python3 -m spexis_sglang.train collect "${ARGS[@]}" \
+      --collect-backend sglang "--collect-server-args=$SARGS" --threads "$NCPU" "${COLLECT_ARGS[@]}" \
+      > "$R/logs/collect-0.log" 2>&1 &
+    pids+=($!); names+=("collect-0")
+  fi
+  NW=$WORKERS; [ "$COLLECT_BACKEND" = sglang ] && NW=0
+  for ((k = 0; k < NW; k++)); do
     CUDA_VISIBLE_DEVICES=$(gpu $k) "${HARD[@]}" python3 -m spexis_sglang.train collect "${ARGS[@]}" \
       --collect-worker "$k/$WORKERS" --threads "$(threads "$WORKERS")" "${COLLECT_ARGS[@]}" \
       > "$R/logs/collect-$k.log" 2>&1 &
@@ -104,7 +153,7 @@ if [ "$PHASE" != train ]; then
   # merge: with a time limit, start no shard (deadline 1) and write the sets with what exists
   MERGE=()
   [ "$COLLECT_END_S" -gt 0 ] && MERGE=(--collect-deadline 1 --collect-allow-partial)
-  CUDA_VISIBLE_DEVICES=$(gpu 0) train collect "${MERGE[@]}" > "$R/logs/collect-merge.log" 2>&1 \
+  CUDA_VISIBLE_DEVICES=$(gpu 0) train collect --collect-backend "$COLLECT_BACKEND" "${MERGE[@]}" > "$R/logs/collect-merge.log" 2>&1 \
     || step_failed "collect merge" collect-merge.log
   tail -n 1 "$R/logs/collect-merge.log" | cut -c1-1500
   echo "collected in $((SECONDS - T0)) s"
@@ -125,19 +174,23 @@ for s in sorted(os.listdir(sys.argv[1])):
         m = json.load(open(p))
         miss = m.get("missing_shards", 0)
         print(f"{s}: {len(m['sequences'])} sequences, {m['n_tokens']} tokens, {miss} of {m['n_shards']} shards missing")
-        if miss and s != "train":
+        if (miss or not m["sequences"]) and s != "train":
             bad.append(s)
-if bad:
-    sys.exit(f"evaluation sets {bad} are partial: resume with PHASE=collect first")
+if bad:  # evaluate / check-artifacts skip them (pipeline.usable_eval_set)
+    print(f"WARNING: evaluation sets {bad} are partial or empty and are skipped; "
+          "resume with PHASE=collect to score them")
 PY
 EXITS=$(python3 -c "from spexis_sglang.train.pipeline import make_config as m; print(' '.join(map(str, m('$PRESET', model_path='-', work_dir='-').exits)))")
 # length-predictor variants: "" = the preset's own features, then tag=features from LENGTH_VARIANTS
 VARIANTS=("")
 for v in $LENGTH_VARIANTS; do VARIANTS+=("$v"); done
 vtag() { echo "${1%%=*}"; }
-vargs() {  # the train options of a variant
+vfinal() { [[ "$1" == *@final ]]; }
+vargs() {  # the train options of a variant (tag=features[@final])
   [ -z "$1" ] && return 0
-  echo "--length-tag ${1%%=*} --length-features ${1#*=} --results-stem quality_${1%%=*} --artifact-dir $R/artifacts-${1%%=*}"
+  local f=${1#*=}; f=${f%@final}
+  echo "--length-tag ${1%%=*} --length-features=$f --results-stem quality_${1%%=*} --artifact-dir $R/artifacts-${1%%=*}"
+  vfinal "$1" && echo " --length-source final"
 }
 # a step whose checkpoint exists is not run again (a second call resumes after a time-out)
 TODO=()
@@ -176,6 +229,7 @@ pids+=($!); names+=(check-artifacts)
 wait_all
 for v in "${VARIANTS[@]}"; do
   t=$(vtag "$v")
+  vfinal "$v" && continue  # the ceiling reads 'final': evaluated, not exported
   CUDA_VISIBLE_DEVICES=$(gpu 0) train export $(vargs "$v") > "$R/logs/export${t:+-$t}.log" 2>&1 \
     || step_failed "export $t" "export${t:+-$t}.log"
 done

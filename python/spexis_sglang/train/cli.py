@@ -95,6 +95,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="a merge writes meta.json even with shards missing (train on what exists)",
     )
     p.add_argument(
+        "--collect-backend",
+        choices=("hf", "sglang"),
+        default=None,
+        help="who generates the greedy answers: hf (batched generate) or sglang (one "
+        "spexis_sglang.launch_server per collect call; preset default)",
+    )
+    p.add_argument(
+        "--collect-server-dtype",
+        default=None,
+        help="dtype of the collect SGLang server (default: float32 on CPU, bfloat16 on a GPU)",
+    )
+    p.add_argument(
+        "--collect-server-args",
+        default=None,
+        help="more arguments for the collect SGLang server, one string; write "
+        "--collect-server-args='--flag value ...' (with '=', as the value starts with '--')",
+    )
+    p.add_argument(
+        "--length-source",
+        choices=("hidden", "final"),
+        default=None,
+        help="length predictor input: hidden (hidden_<exit>) or final (last layer after the "
+        "final norm: a ceiling variant, evaluated, not exported)",
+    )
+    p.add_argument(
         "--length-tag",
         default=None,
         help="name of a length-predictor variant: length-TAG.pt, calibration-TAG.json, "

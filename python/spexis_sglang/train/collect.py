@@ -1,7 +1,9 @@
 """collect: the base model answers prompts itself; record what the heads train on.
 
-For every prompt the base model generates a greedy answer (batched HF ``generate`` with KV
-cache, chat template applied). The full sequence (prompt + answer) is then run once more,
+For every prompt the base model generates a greedy answer (chat template applied), either with
+batched HF ``generate`` (``backend="hf"``) or, much faster on a GPU, with one SGLang server
+that gets every prompt of a set at once as token ids (``backend="sglang"``,
+:func:`sglang_answers`; continuous batching and CUDA graphs). The full sequence (prompt + answer) is then run once more,
 teacher-forced, and for every position we record
 
 * ``tokens``: the token id at the position;
@@ -57,6 +59,9 @@ class CollectConfig:
     # a merge (a run that finds every worker done) writes meta.json even with shards missing
     # (recorded as ``missing_shards``); a later run still collects them
     allow_partial: bool = False
+    # who generates the greedy answers: "hf" (``generate``, per batch) or "sglang" (answers
+    # made beforehand for the whole set by :func:`sglang_answers`; collect only teacher-forces)
+    backend: str = "hf"
 
     def __post_init__(self) -> None:
         if not 0 <= self.worker < self.num_workers:
@@ -144,6 +149,189 @@ def generate_greedy(
                 break
         results.append((answer, finished))
     return results
+
+
+def _answer_from_sglang(out: dict, eos_ids: tuple[int, ...]) -> tuple[list[int], bool]:
+    """An SGLang /generate result as ``generate_greedy`` returns it: the answer up to and
+    including the first EOS (SGLang leaves a matched stop token out of ``output_ids``)."""
+    ids = [int(t) for t in out["output_ids"]]
+    for k, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: k + 1], True
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    matched = reason.get("matched")
+    if reason.get("type") == "stop" and isinstance(matched, int) and matched in eos_ids:
+        return ids + [matched], True
+    return ids, False
+
+
+def sglang_generate(
+    base_url: str,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_ids: tuple[int, ...],
+    chunk: int = 512,
+    threads: int = 32,
+    deadline: float = 0.0,
+) -> list[tuple[list[int], bool] | None]:
+    """Greedy answers from a running SGLang server, as :func:`generate_greedy` makes them.
+
+    Token ids in, token ids out (no re-tokenisation); stop on the HF generation config's EOS
+    ids (``stop_token_ids``) and at ``max_new_tokens`` (``ignore_eos`` would drop ``stop_token_ids`` too; SGLang's own
+    EOS set for this model is the same, an answer that stops elsewhere is logged). The
+    prompts go out in concurrent chunks, so the server holds
+    all of them at once and batches them itself. With ``deadline`` (unix time) the chunks not
+    done by then are left out (``None``; the server is stopped afterwards anyway).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    sampling = {
+        "temperature": 0.0,
+        "max_new_tokens": max_new_tokens,
+        "stop_token_ids": list(eos_ids),
+        "skip_special_tokens": False,
+    }
+
+    def one(part: list[list[int]]) -> list[tuple[list[int], bool]]:
+        r = requests.post(
+            base_url + "/generate",
+            json={"input_ids": part, "sampling_params": sampling},
+            timeout=24 * 3600,
+        )
+        r.raise_for_status()
+        out = r.json()
+        out = out if isinstance(out, list) else [out]
+        return [_answer_from_sglang(o, eos_ids) for o in out]
+
+    from concurrent.futures import wait
+
+    parts = [prompts[i : i + chunk] for i in range(0, len(prompts), chunk)]
+    pool = ThreadPoolExecutor(max(1, min(threads, len(parts))))
+    futures = [pool.submit(one, part) for part in parts]
+    timeout = max(0.0, deadline - time.time()) if deadline else None
+    wait(futures, timeout=timeout)
+    answers: list = []
+    for part, fut in zip(parts, futures):
+        answers += fut.result() if fut.done() else [None] * len(part)
+    pool.shutdown(wait=False, cancel_futures=True)
+    left = sum(a is None for a in answers)
+    if left:
+        logger.warning(
+            "sglang: deadline reached, %d of %d prompts not answered", left, len(answers)
+        )
+    odd = sum(1 for a in answers if a and not a[1] and len(a[0]) < max_new_tokens)
+    if odd:
+        logger.warning("sglang: %d answers stopped before the cap without an HF EOS id", odd)
+    return answers
+
+
+def read_answers(path: str, cfg: CollectConfig) -> dict | None:
+    """The cached SGLang answers of a set (``{"complete", "answers"}``), None if absent/stale."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        cached = json.load(f)
+    if cached.get("max_new_tokens") != cfg.max_new_tokens:
+        return None
+    return cached
+
+
+def sglang_answers(
+    base: BaseModel,
+    base_url: str | None,
+    prompts: list[Prompt],
+    cfg: CollectConfig,
+    path: str,
+    deadline: float = 0.0,
+) -> dict[str, dict]:
+    """Every prompt's final-round prompt ids and greedy answer from a running SGLang server.
+
+    Round by round over the whole set (one big request batch per round): a multi-turn
+    prompt's earlier answers are decoded into its chat exactly as the HF path does. The
+    result is cached in ``path`` (JSON by uid), so a resumed collect does not regenerate.
+    With ``deadline``, prompts not answered by then are left out (cached as incomplete; a
+    later call with a server answers the rest and drops the set's shards, whose layout
+    changes). ``base_url`` None: the cache only.
+    """
+    cached = read_answers(path, cfg)
+    if cached and (cached["complete"] or base_url is None):
+        return cached["answers"]
+    if base_url is None:
+        return {}
+    prev = cached["answers"] if cached else {}
+    t0 = time.time()
+    chats = {p.uid: p.chat() for p in prompts}
+    ids = {p.uid: chat_ids(base, chats[p.uid]) for p in prompts}
+    # the same filter as collect: prompts too long are not generated at all
+    wanted = [
+        p
+        for p in prompts
+        if len(ids[p.uid]) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens
+    ]
+    todo = [p for p in wanted if p.uid not in prev]
+    answers: dict[str, tuple[list[int], bool]] = {}
+    rounds = max((len(p.followups) for p in todo), default=-1) + 1
+    for r in range(rounds):
+        batch = [p for p in todo if len(p.followups) >= r]
+        if r:
+            for p in batch:
+                text = base.tokenizer.decode(answers[p.uid][0], skip_special_tokens=True)
+                chats[p.uid] = chats[p.uid] + [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": p.followups[r - 1]},
+                ]
+                ids[p.uid] = chat_ids(base, chats[p.uid])
+        new = sglang_generate(
+            base_url,
+            [ids[p.uid] for p in batch],
+            cfg.max_new_tokens,
+            base.eos_ids,
+            deadline=deadline,
+        )
+        for p, a in zip(batch, new):
+            if a is None:
+                answers.pop(p.uid, None)  # an earlier round's answer is no final answer
+            else:
+                answers[p.uid] = a
+        todo = [p for p in todo if p.uid in answers]
+    out = dict(prev)
+    for p in todo:
+        out[p.uid] = {
+            "prompt_ids": ids[p.uid],
+            "answer": answers[p.uid][0],
+            "finished": answers[p.uid][1],
+        }
+    n = sum(len(answers[p.uid][0]) for p in todo)
+    dt = time.time() - t0
+    logger.info(
+        "sglang: %d answers, %d answer tokens in %.0f s (%.0f tokens/s); %d of %d prompts answered",
+        len(todo),
+        n,
+        dt,
+        n / max(dt, 1e-9),
+        len(out),
+        len(wanted),
+    )
+    out_dir = os.path.dirname(os.path.abspath(path))
+    os.makedirs(out_dir, exist_ok=True)
+    if prev and todo:  # more answers than the shards on disk were cut from: a new layout
+        for fn in os.listdir(out_dir):
+            if fn.startswith("shard-") or fn == "meta.json":
+                os.remove(os.path.join(out_dir, fn))
+    with open(path + ".tmp", "w") as f:
+        json.dump(
+            {
+                "max_new_tokens": cfg.max_new_tokens,
+                "complete": len(out) == len(wanted),
+                "seconds": dt,
+                "answers": out,
+            },
+            f,
+        )
+    os.replace(path + ".tmp", path)
+    return out
 
 
 @torch.no_grad()
@@ -253,6 +441,31 @@ def shard_order(indices: list[int], tag: str) -> list[int]:
     return out
 
 
+def _generate_batch(base: BaseModel, batch: list, cfg: CollectConfig):
+    """HF backend: one batch's final-round prompt ids and greedy answers (multi-turn rounds)."""
+    chats = [p.chat() for p, _ in batch]
+    prompt_ids = [ids for _, ids in batch]
+    answers = _halving(lambda ps: generate_greedy(base, ps, cfg.max_new_tokens), prompt_ids)
+    # multi-turn: the model's own answer becomes context for the next user turn
+    max_rounds = max(len(p.followups) for p, _ in batch)
+    for r in range(max_rounds):
+        todo = [i for i, (p, _) in enumerate(batch) if len(p.followups) > r]
+        for i in todo:
+            text = base.tokenizer.decode(answers[i][0], skip_special_tokens=True)
+            chats[i] = chats[i] + [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": batch[i][0].followups[r]},
+            ]
+            prompt_ids[i] = chat_ids(base, chats[i])
+        new = _halving(
+            lambda ps: generate_greedy(base, ps, cfg.max_new_tokens),
+            [prompt_ids[i] for i in todo],
+        )
+        for i, a in zip(todo, new):
+            answers[i] = a
+    return prompt_ids, answers
+
+
 def collect(
     base: BaseModel,
     prompts: list[Prompt],
@@ -260,8 +473,12 @@ def collect(
     cfg: CollectConfig,
     split_name: str,
     desc: str | None = None,
+    answers: dict[str, dict] | None = None,
 ) -> dict:
     """Generate and record ``prompts`` into ``out_dir`` (shards + ``meta.json``); resumable.
+
+    ``answers`` (backend "sglang": :func:`sglang_answers`, by uid): the greedy answers are
+    given; only the teacher-forced pass runs, over batches of similar full-sequence length.
 
     With ``cfg.num_workers > 1`` only this worker's shards are made and ``meta.json`` is
     written only if every shard already exists; the returned dict then has ``partial``.
@@ -282,15 +499,32 @@ def collect(
             return meta
     # Drop prompts whose (first-round) template is too long; sort by length to limit padding.
     encoded = []
-    for p in prompts:
-        ids = chat_ids(base, p.chat())
-        if len(ids) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens:
-            encoded.append((p, ids))
-    skipped = len(prompts) - len(encoded)
-    encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
-    groups = make_batches(
-        [len(ids) for _, ids in encoded], cfg.batch_size, cfg.batch_tokens, cfg.max_new_tokens
-    )
+    not_answered = 0
+    if answers is not None:
+        # answers known: sort and batch by the full sequence (prompt + answer) the
+        # teacher-forced pass runs over, so its batches are full and barely padded
+        for p in prompts:
+            if p.uid in answers:
+                a = answers[p.uid]
+                encoded.append((p, a["prompt_ids"] + a["answer"]))
+            elif (
+                len(chat_ids(base, p.chat())) + (cfg.max_new_tokens + 64) * len(p.followups)
+                <= cfg.max_prompt_tokens
+            ):
+                not_answered += 1  # the generation deadline came first
+        skipped = len(prompts) - len(encoded) - not_answered
+        encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
+        groups = make_batches([len(s) for _, s in encoded], cfg.batch_size, cfg.batch_tokens)
+    else:
+        for p in prompts:
+            ids = chat_ids(base, p.chat())
+            if len(ids) + (cfg.max_new_tokens + 64) * len(p.followups) <= cfg.max_prompt_tokens:
+                encoded.append((p, ids))
+        skipped = len(prompts) - len(encoded)
+        encoded.sort(key=lambda x: (len(x[1]), x[0].uid))
+        groups = make_batches(
+            [len(ids) for _, ids in encoded], cfg.batch_size, cfg.batch_tokens, cfg.max_new_tokens
+        )
     batches = [[encoded[i] for i in g] for g in groups]
     shards = [batches[i : i + cfg.shard_batches] for i in range(0, len(batches), cfg.shard_batches)]
     t0 = time.time()
@@ -328,29 +562,15 @@ def collect(
         shard_records: list[dict[str, torch.Tensor]] = []
         smeta: list[dict] = []
         for batch in shard:
-            chats = [p.chat() for p, _ in batch]
-            prompt_ids = [ids for _, ids in batch]
-            answers = _halving(lambda ps: generate_greedy(base, ps, cfg.max_new_tokens), prompt_ids)
-            # multi-turn: the model's own answer becomes context for the next user turn
-            max_rounds = max(len(p.followups) for p, _ in batch)
-            for r in range(max_rounds):
-                todo = [i for i, (p, _) in enumerate(batch) if len(p.followups) > r]
-                for i in todo:
-                    text = base.tokenizer.decode(answers[i][0], skip_special_tokens=True)
-                    chats[i] = chats[i] + [
-                        {"role": "assistant", "content": text},
-                        {"role": "user", "content": batch[i][0].followups[r]},
-                    ]
-                    prompt_ids[i] = chat_ids(base, chats[i])
-                new = _halving(
-                    lambda ps: generate_greedy(base, ps, cfg.max_new_tokens),
-                    [prompt_ids[i] for i in todo],
-                )
-                for i, a in zip(todo, new):
-                    answers[i] = a
-            seqs = [pi + a for pi, (a, _) in zip(prompt_ids, answers)]
+            if answers is not None:
+                given = [answers[p.uid] for p, _ in batch]
+                prompt_ids = [a["prompt_ids"] for a in given]
+                gen = [(a["answer"], bool(a["finished"])) for a in given]
+            else:
+                prompt_ids, gen = _generate_batch(base, batch, cfg)
+            seqs = [pi + a for pi, (a, _) in zip(prompt_ids, gen)]
             records = _halving(lambda ss: teacher_forced(base, ss, cfg.exits), seqs)
-            for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, answers, records):
+            for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, gen, records):
                 plen = len(pi)
                 # teacher-forced greedy vs the generated continuation (near-ties only)
                 gen_mismatch = int(
@@ -428,6 +648,8 @@ def collect(
         "config": _jsonable(cfg),
         "n_prompts": len(prompts),
         "skipped_too_long": skipped,
+        # backend sglang: prompts the generation deadline left unanswered (not in the set)
+        "not_answered": not_answered,
         "n_shards": len(shards),
         # with allow_partial: the shards present (a later run collects the others)
         "shards": present,

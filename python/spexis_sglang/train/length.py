@@ -94,9 +94,12 @@ class LengthRows:
         )
 
 
-def length_rows(data: Collected, exit_layer: int) -> LengthRows:
+def length_rows(data: Collected, exit_layer: int | str) -> LengthRows:
+    """Answer-position rows; ``exit_layer`` is a layer (``hidden_<L>``) or a tensor name
+    (``"final"``: the ceiling variant reads the last hidden state after the final norm)."""
     hid, rem, fin, seq, gen, plen = [], [], [], [], [], []
-    h = data.tensors[f"hidden_{exit_layer}"]
+    key = exit_layer if isinstance(exit_layer, str) else f"hidden_{exit_layer}"
+    h = data.tensors[key]
     # the collection's answer cap; older data without it: the longest answer (= the cap as
     # soon as one answer was cut)
     cap = data.max_new_tokens or max((m["answer_len"] for m in data.meta), default=0)

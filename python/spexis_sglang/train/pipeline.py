@@ -85,6 +85,18 @@ class PipelineConfig:
     collect_batch_tokens: int = 0  # KV token budget of a generate batch (0: batch_size rows)
     collect_deadline: float = 0.0  # unix time: start no shard that would end later (0: none)
     collect_allow_partial: bool = False  # a merge writes meta.json with shards missing
+    # who generates collect's greedy answers: "hf" (batched generate) or "sglang" (one
+    # spexis_sglang.launch_server per collect call, every prompt of a set in one request batch)
+    collect_backend: str = "hf"
+    # the SGLang server's dtype ("" = float32 on CPU, as the teacher-forced pass; bfloat16 on a
+    # GPU: sgl-kernel's rmsnorm has no float32 kernel, the server dies capturing CUDA graphs,
+    # seen 2026-12-02; ``next`` from the fp32 teacher-forced pass stays the label) and extra
+    # arguments (e.g. the GPU machine's required flags)
+    collect_server_dtype: str = ""
+    collect_server_args: str = ""
+    # the length predictor's input: "hidden" (hidden_<length_exit>, what serving has) or
+    # "final" (the last layer after the final norm: a ceiling for any hidden-state predictor)
+    length_source: str = "hidden"
     # the length predictor's checkpoint / calibration name: length[-tag].pt, so variants
     # (e.g. with tokens_generated) train side by side on the same data
     length_tag: str = ""
@@ -156,6 +168,8 @@ PRESETS: dict[str, dict] = {
         length_epochs=3,
         length_batch_rows=4096,  # ~5x the rows of gpu: about its number of steps
         compare_cap=256,
+        # run 1: six HF generate workers made ~2.1k answer tokens/s (a third of the set)
+        collect_backend="sglang",
     ),
     # the gpu-long recipe at unit-test size (CPU dry runs of the two-call flow)
     "tiny-long": dict(
@@ -208,6 +222,11 @@ def _data_dir(cfg: PipelineConfig, name: str) -> str:
 
 def _ckpt(cfg: PipelineConfig, name: str) -> str:
     return os.path.join(cfg.work_dir, "checkpoints", name)
+
+
+def _lkey(cfg: PipelineConfig) -> str:
+    """The collected tensor the length predictor reads (``length_source``)."""
+    return "final" if cfg.length_source == "final" else f"hidden_{cfg.length_exit}"
 
 
 def _tagged(cfg: PipelineConfig, name: str) -> str:
@@ -345,15 +364,25 @@ def step_collect(cfg: PipelineConfig) -> dict:
         batch_tokens=cfg.collect_batch_tokens,
         deadline=cfg.collect_deadline,
         allow_partial=cfg.collect_allow_partial,
+        backend=cfg.collect_backend,
     )
+    if ccfg.backend == "sglang" and num_workers > 1:
+        raise ValueError("--collect-backend sglang: one collect process (the server batches)")
     metas = {}
     sets = data_sets(cfg)
     # the small evaluation sets first: with a deadline, what is left over is training data
     order = [k for k in sets if k != "train"] + [k for k in sets if k == "train"]
+    answers = _sglang_answers(cfg, base, sets, order, ccfg) if ccfg.backend == "sglang" else {}
     for name in order:
         prompts = sets[name]
         metas[name] = collect(
-            base, prompts, _data_dir(cfg, name), ccfg, name, desc=f"collect {name}"
+            base,
+            prompts,
+            _data_dir(cfg, name),
+            ccfg,
+            name,
+            desc=f"collect {name}",
+            answers=answers.get(name),
         )
     partial = {k: m for k, m in metas.items() if m.get("partial")}
     if partial:
@@ -373,6 +402,61 @@ def step_collect(cfg: PipelineConfig) -> dict:
         }
         for k, m in metas.items()
     }
+
+
+def _set_done(out_dir: str) -> bool:
+    p = os.path.join(out_dir, "meta.json")
+    if not os.path.isfile(p):
+        return False
+    with open(p) as f:
+        return not json.load(f).get("missing_shards")
+
+
+def _sglang_answers(cfg: PipelineConfig, base, sets: dict, order: list[str], ccfg) -> dict:
+    """Greedy answers of every set not yet collected, from ONE SGLang server (started here,
+    stopped before the teacher-forced pass so that pass has the device to itself)."""
+    import shlex
+
+    from spexis_sglang.testing import ServerProcess
+    from spexis_sglang.train.collect import read_answers, sglang_answers
+
+    todo = [n for n in order if not _set_done(_data_dir(cfg, n))]
+    out: dict = {}
+    cache = {n: os.path.join(_data_dir(cfg, n), "answers.json") for n in todo}
+    gen_deadline = 0.0
+    if cfg.collect_deadline:
+        left = cfg.collect_deadline - time.time()
+        gen_deadline = cfg.collect_deadline - max(30.0, 0.3 * left)
+    complete = all((read_answers(cache[n], ccfg) or {}).get("complete") for n in todo)
+    if complete or (cfg.collect_deadline and time.time() >= gen_deadline):
+        # nothing to generate, or no time to: the cached answers (a merge after a time-out)
+        return {n: sglang_answers(base, None, sets[n], ccfg, cache[n]) for n in todo}
+    t0 = time.time()
+    dtype = cfg.collect_server_dtype or ("float32" if cfg.device == "cpu" else "bfloat16")
+    args = ["--model-path", cfg.model_path, "--dtype", dtype]
+    args += ["--random-seed", str(cfg.seed)] + shlex.split(cfg.collect_server_args)
+    os.makedirs(cfg.work_dir, exist_ok=True)
+    log = os.path.join(cfg.work_dir, "collect-server.log")
+    # a SIGTERM (the script's time guard, `timeout`) must stop the server too: it runs in a
+    # session of its own, so nothing else would
+    import signal
+
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server = ServerProcess(args, log_path=log)
+    try:
+        server.wait_ready(timeout=900)
+        logger.info("sglang server ready after %.0f s (log %s)", server.ready_after, log)
+        # with a collect deadline, generation leaves 30% of the time left (at least 30 s) to
+        # the teacher-forced pass; a set not answered in full is collected from what is
+        for name in todo:
+            out[name] = sglang_answers(
+                base, server.base_url, sets[name], ccfg, cache[name], deadline=gen_deadline
+            )
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, old)
+    _record_time(cfg, "collect sglang answers (incl. server start)", time.time() - t0)
+    return out
 
 
 def _load(cfg: PipelineConfig, name: str, keys: tuple[str, ...] | None = None):
@@ -438,9 +522,9 @@ def step_train_length(cfg: PipelineConfig) -> dict:
     _setup(cfg)
     t0 = time.time()
     base = base_model(cfg)
-    keys = (f"hidden_{cfg.length_exit}",)
-    rows = length_rows(_load(cfg, "train", keys), cfg.length_exit)
-    val = length_rows(_load(cfg, "val", keys), cfg.length_exit)
+    keys = (_lkey(cfg),)
+    rows = length_rows(_load(cfg, "train", keys), _lkey(cfg))
+    val = length_rows(_load(cfg, "val", keys), _lkey(cfg))
     torch.manual_seed(cfg.seed)
     model = LengthPredictor(
         LengthPredictorConfig(
@@ -509,7 +593,7 @@ def step_calibrate(cfg: PipelineConfig) -> dict:
     _setup(cfg)
     t0 = time.time()
     model, _ = _load_length(cfg)
-    val = length_rows(_load(cfg, "val", (f"hidden_{cfg.length_exit}",)), cfg.length_exit)
+    val = length_rows(_load(cfg, "val", (_lkey(cfg),)), _lkey(cfg))
     probs = predict_probs(model, val, cfg.device)
     cutoffs, stats = calibrate_cutoffs(
         probs,
@@ -561,11 +645,33 @@ def _length_quality(model, cutoffs, data, exit_layer: int, device: str, mask: st
     ]
 
 
+def usable_eval_set(cfg: PipelineConfig, name: str, warn: bool = True) -> bool:
+    """An evaluation set is scored only when collected in full and not empty: a partial one
+    is a biased subset, an empty one has no tensors (run 1: KeyError 'hidden_15')."""
+    p = os.path.join(_data_dir(cfg, name), "meta.json")
+    why = ""
+    if not os.path.isfile(p):
+        why = "not collected"
+    else:
+        with open(p) as f:
+            m = json.load(f)
+        if m.get("missing_shards"):
+            why = f"partial ({m['missing_shards']} of {m.get('n_shards')} shards missing)"
+        elif not m.get("sequences"):
+            why = "empty"
+    # other_test is optional (n_other_test = 0): its absence is no news
+    if why and warn and not (name == "other_test" and why == "not collected"):
+        logger.warning("evaluation set %s is %s: skipped", name, why)
+    return not why
+
+
 def _eval_sets(cfg: PipelineConfig) -> dict[str, str]:
-    sets = {"ShareGPT": "sharegpt_test", "SpecBench-like": "specbench"}
-    if os.path.isfile(os.path.join(_data_dir(cfg, "other_test"), "meta.json")):
-        sets["ArenaHard+HumanEval"] = "other_test"
-    return sets
+    sets = {
+        "ShareGPT": "sharegpt_test",
+        "SpecBench-like": "specbench",
+        "ArenaHard+HumanEval": "other_test",
+    }
+    return {k: v for k, v in sets.items() if usable_eval_set(cfg, v)}
 
 
 def step_evaluate(cfg: PipelineConfig) -> dict:
@@ -588,9 +694,11 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "draft": {},
         "notes": list(cfg.notes),
     }
-    eval_keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit})) + ("next",)
-    spec = _load(cfg, "specbench", eval_keys)
-    for ex in cfg.exits:
+    eval_keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit}))
+    eval_keys += ("next", _lkey(cfg))
+    eval_sets = _eval_sets(cfg)
+    spec = _load(cfg, "specbench", eval_keys) if "specbench" in eval_sets.values() else None
+    for ex in cfg.exits if spec is not None else ():
         head, info = _load_head(cfg, ex)
         pred = draft_predictions(head, spec, ex, base.lm_head_weight, cfg.device)
         lens = new_draft_head(base.config, base.final_norm_weight, cfg.head_layers, cfg.seed)
@@ -631,6 +739,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         cal = json.load(f)
     lp = {
         "exit_layer": cfg.length_exit,
+        "input": _lkey(cfg),
         "thresholds": list(model.cfg.thresholds),
         "cutoffs": cal["cutoffs"],
         "target_precision": cal["target_precision"],
@@ -642,10 +751,9 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "eval_known_mask": {},
         "training": {k: v for k, v in linfo.items() if k != "history"},
     }
-    eval_sets = _eval_sets(cfg)
     for label, name in eval_sets.items():
-        data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
-        rows = length_rows(data, cfg.length_exit)
+        data = spec if name == "specbench" else _load(cfg, name, (_lkey(cfg),))
+        rows = length_rows(data, _lkey(cfg))
         probs = predict_probs(model, rows, cfg.device).numpy()
         for key, mask in (("eval", lp["mask"]), ("eval_known_mask", "known")):
             y, known = rows.labels(model.cfg.thresholds, mask)
@@ -661,7 +769,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         for suffix, view in _views(cfg, data).items():
             if suffix:
                 lp.setdefault(f"eval{suffix}", {})[label] = _length_quality(
-                    model, cal["cutoffs"], view, cfg.length_exit, cfg.device, lp["mask"]
+                    model, cal["cutoffs"], view, _lkey(cfg), cfg.device, lp["mask"]
                 )
     results["length"] = lp
     timings = {}
@@ -700,6 +808,11 @@ def _data_summary(cfg: PipelineConfig) -> dict:
                 + f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
                 f"{fin} ended with EOS, {m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
                 f"{m['skipped_too_long']} prompts skipped as too long"
+                + (
+                    f", {m['not_answered']} not answered by the generation deadline"
+                    if m.get("not_answered")
+                    else ""
+                )
             )
     return out
 
@@ -741,6 +854,10 @@ def step_export(cfg: PipelineConfig) -> dict:
         save_draft_head(d, head, base.config, cfg.model_id, ex, torch.float16, meta)
         load_draft_head(d, base.config, exit_layer=ex)  # round trip check
         written[f"draft-exit{ex}"] = d
+    if cfg.length_source == "final":
+        # serving has no final hidden state at the exit: the ceiling variant is not shipped
+        logger.warning("length_source final: the ceiling variant is evaluated, not exported")
+        return written
     model, _ = _load_length(cfg)
     d = os.path.join(cfg.artifact_dir, "length")
     lp = ev.get("length", {})
@@ -781,9 +898,10 @@ def step_check_artifacts(cfg: PipelineConfig) -> dict:
     _setup(cfg)
     base = base_model(cfg)
     keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit})) + ("next",)
-    spec = _load(cfg, "specbench", keys)
+    eval_sets = _eval_sets(cfg)
+    spec = _load(cfg, "specbench", keys) if "specbench" in eval_sets.values() else None
     out: dict = {"artifact_dir": cfg.artifact_dir, "data": _data_summary(cfg).get("specbench")}
-    for ex in cfg.exits:
+    for ex in cfg.exits if spec is not None else ():
         head, _ = load_draft_head(
             os.path.join(cfg.artifact_dir, f"draft-exit{ex}"), base.config, exit_layer=ex
         )
@@ -793,22 +911,23 @@ def step_check_artifacts(cfg: PipelineConfig) -> dict:
     lp, lcfg = load_length_predictor(
         os.path.join(cfg.artifact_dir, "length"), base.config, exit_layer=cfg.length_exit
     )
-    rows = length_rows(spec, cfg.length_exit)
-    probs = predict_probs(lp, rows, cfg.device).numpy()
-    y, known = rows.labels(lp.cfg.thresholds)
-    out["length"] = [
-        {
-            "threshold": t,
-            **precision_recall(
-                probs[:, k], y[:, k].numpy(), known[:, k].numpy(), lp.cfg.cutoffs[k]
-            ),
-        }
-        for k, t in enumerate(lp.cfg.thresholds)
-    ]
+    if spec is not None:
+        rows = length_rows(spec, cfg.length_exit)
+        probs = predict_probs(lp, rows, cfg.device).numpy()
+        y, known = rows.labels(lp.cfg.thresholds)
+        out["length"] = [
+            {
+                "threshold": t,
+                **precision_recall(
+                    probs[:, k], y[:, k].numpy(), known[:, k].numpy(), lp.cfg.cutoffs[k]
+                ),
+            }
+            for k, t in enumerate(lp.cfg.thresholds)
+        ]
     # every evaluation set, on the label mask this run's predictors are evaluated with
     out["length_features"] = list(lp.cfg.features)
     out["length_eval"] = {}
-    for label, name in _eval_sets(cfg).items():
+    for label, name in eval_sets.items():
         data = spec if name == "specbench" else _load(cfg, name, (f"hidden_{cfg.length_exit}",))
         for suffix, view in _views(cfg, data).items():
             out["length_eval"].setdefault(f"eval{suffix}", {})[label] = _length_quality(

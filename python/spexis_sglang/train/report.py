@@ -422,7 +422,9 @@ def render_compare(c: dict) -> str:
     predictors = [("shipped", shipped.get("length_eval", {}), shipped.get("length_features", []))]
     for tag, ev in new.items():
         lp = ev.get("length", {})
-        predictors.append((f"new ({tag})", lp, lp.get("features", [])))
+        # the ceiling variant reads the final hidden state, not an exit's
+        src = ["final state"] if lp.get("input") == "final" else []
+        predictors.append((f"new ({tag})", lp, src + list(lp.get("features", []))))
     for suffix, label in views:
         key = f"eval{suffix}"
         sets = []
