@@ -76,6 +76,9 @@ class ServerDied(RuntimeError):
 class ServerProcess:
     """One ``spexis_sglang.launch_server`` process on ``127.0.0.1:port``."""
 
+    # every process started, as its arguments (the test suite reports launches per file)
+    launches: List[List[str]] = []
+
     def __init__(
         self,
         args: List[str],
@@ -108,6 +111,7 @@ class ServerProcess:
             str(self.port),
         ]
         self._log = open(self.log_path, "w")
+        ServerProcess.launches.append(list(self.args))
         self.started_at = time.time()
         self.proc = subprocess.Popen(
             cmd,

@@ -50,6 +50,50 @@ def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
             _servers.pop(key).stop()
 
 
+# The order the end-to-end files run in (a server start costs tens of seconds on CI, and
+# ``make_room`` may stop an idle server to start another): first the files served by the
+# default model's two shared servers (plain PP=1, the SP PP=2 server with the shipped head),
+# back to back; then those that pair the plain server with one more of their own; then the
+# files with servers of their own only; the tiny model's tests come last, together (whatever
+# their file: their servers are the tiny model's), so each server starts about once.
+E2E_ORDER = [
+    "test_bench_serving.py",
+    "test_sp_bad_input.py",
+    "test_sp_grammar.py",
+    "test_sp_load.py",
+    "test_sp_logprobs.py",
+    "test_sp_lossless.py",
+    "test_foundation.py",
+    "test_sp_multinode.py",
+    "test_sp_admission.py",
+    "test_sp_alpha_auto.py",
+    "test_sp_graphs.py",
+    "test_sp_penalties.py",
+    # the tiny model
+    "test_sp_launch_options.py",
+    "test_sp_forced.py",
+    "test_sp_length_oracle.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the end-to-end tests in ``E2E_ORDER`` (unit tests keep their places)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    slots = [i for i, item in enumerate(items) if os.path.dirname(str(item.path)) == here]
+
+    def rank(i: int):
+        item = items[i]
+        name = os.path.basename(str(item.path))
+        known = name in E2E_ORDER
+        tiny = "tiny_model_dir" in getattr(item, "fixturenames", ())
+        position = E2E_ORDER.index(name) if known else len(E2E_ORDER)
+        return (tiny, not known, position, i)
+
+    ordered = [items[i] for i in sorted(slots, key=rank)]
+    for slot, item in zip(slots, ordered):
+        items[slot] = item
+
+
 @pytest.fixture(autouse=True)
 def _release_servers_after_test():
     yield
@@ -67,6 +111,27 @@ def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProc
     _servers[key] = server  # most recently used
     _in_use.add(key)
     return server
+
+
+# test file -> server processes started while its tests ran (set-up included)
+_launches_by_file: Dict[str, int] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = len(ServerProcess.launches)
+    yield
+    started = len(ServerProcess.launches) - before
+    if started:
+        name = item.nodeid.split("::")[0]
+        _launches_by_file[name] = _launches_by_file.get(name, 0) + started
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _launches_by_file:
+        terminalreporter.write_sep("-", f"{sum(_launches_by_file.values())} server launches")
+        for name, n in _launches_by_file.items():
+            terminalreporter.write_line(f"{n:3d}  {name}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -47,14 +47,19 @@ MIN_NEW_TOKENS = 20
 IM_END = 2
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
 BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
-# a reasoning parser: requests with ``require_reasoning`` count their reasoning tokens (its own
-# pair of servers: on the shared ones it would move chat answers into reasoning_content)
+# a reasoning parser: requests with ``require_reasoning`` count their reasoning tokens. Only
+# this module's pair of servers has it (on the servers other modules share it would move chat
+# answers into reasoning_content); this module's requests all go to ``/generate`` without a
+# grammar, where a parser changes nothing but that count (SGLang's scheduler uses the parser's
+# end-of-thinking ids for ``require_reasoning`` counts and grammar gating only).
 REASONING = ["--reasoning-parser", "deepseek-r1"]
 
 
 @pytest.fixture(scope="module")
 def servers(server_factory, trained_head):  # noqa: F811
-    return server_factory(BASELINE), server_factory(sp_args(2, trained_head))
+    return server_factory([*BASELINE, *REASONING]), server_factory(
+        sp_args(2, trained_head, *REASONING)
+    )
 
 
 @pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
@@ -121,12 +126,11 @@ def test_mixed_batch_equals_plain_sglang(servers, model_dir):
     assert cmp.all_identical, cmp.summary()
 
 
-def test_reasoning_tokens_equal_plain_sglang(server_factory, model_dir, trained_head):
+def test_reasoning_tokens_equal_plain_sglang(servers, model_dir):
     """``require_reasoning`` requests count the tokens before the parser's end-of-thinking
     marker (``</think>``) per emitted token in SGLang: under SP per verified token, never a
     rejected draft, so the counts equal plain SGLang's."""
-    baseline_server = server_factory([*BASELINE, *REASONING])
-    sp_server = server_factory(sp_args(2, trained_head, *REASONING))
+    baseline_server, sp_server = servers
     prompts = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
     prompts += lossless_prompts(model_dir, 4)
     payload = {
