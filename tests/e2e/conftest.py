@@ -63,6 +63,7 @@ E2E_ORDER = [
     "test_sp_load.py",
     "test_sp_logprobs.py",
     "test_sp_lossless.py",
+    "test_collect_backend.py",
     "test_foundation.py",
     "test_sp_multinode.py",
     "test_sp_admission.py",
