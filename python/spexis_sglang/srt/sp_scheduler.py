@@ -31,10 +31,11 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
 
 What an iteration costs on the host (issue 12): the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
-so building a batch and verifying its results are a few dozen numpy operations. The per-row
-Python left is appending each committed token: for a batch that returns only tokens,
-``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
-act on and runs them only there. Only the last stage builds sampling state. At a fixed alpha
+so building a batch and verifying its results are a few dozen numpy operations. For a batch
+that returns only tokens, ``sp_emit`` prefilters with numpy which rows SGLang's finish check
+and ``stream_output`` can act on and runs them only there; the other rows' tokens are held
+back per slot and appended to their ``Req`` in one go when SGLang code reads it
+(``sp_flush_tokens`` before request handling, admission and retraction). Only the last stage builds sampling state. At a fixed alpha
 the alpha controller, which only observes there, ranks candidates and credits verdicts on
 every 8th iteration (``--spexis-alpha-observe``).
 
@@ -373,6 +374,9 @@ class SpexisScheduler(Scheduler):
 
                 # recv + schedule + relay
                 recv_reqs, plan_in = self._sp_recv_requests()
+                if recv_reqs:
+                    # a request handler may read the running requests' output
+                    self.sp_flush_tokens()
                 self.process_input_requests(recv_reqs)
                 cur_batch, plan_out = self.sp_get_next_batch(plan_in)
                 self.mbs[mb_id] = cur_batch
@@ -497,6 +501,8 @@ class SpexisScheduler(Scheduler):
             if self.chunked_req.extend_range.end > len(self.chunked_req.prefix_indices):
                 self.stash_chunked_request(self.chunked_req)
 
+        if self.waiting_queue or self.chunked_req is not None:
+            self.sp_flush_tokens()  # admission reads the running requests' output
         if sp.released_since_filter:
             req_at = sp.req_at
             sp.running.reqs = [r for r in sp.running.reqs if req_at[r.req_pool_idx] is r]
@@ -814,6 +820,7 @@ class SpexisScheduler(Scheduler):
         return need if page == 1 else need & (rows.position % page == 0)
 
     def sp_retract(self, rows: Rows, shortfall: int) -> Rows:
+        self.sp_flush_tokens()
         reqs = self.sp.req_at[rows.slot].tolist()
         order = sorted(
             range(len(reqs)),
@@ -976,15 +983,15 @@ class SpexisScheduler(Scheduler):
         if batch.spexis_plain:
             # tokens only: SGLang's per-request finish check and streaming only where they
             # can act (sp_emit)
-            reqs = batch.reqs
             finished, to_stream = emit_batch(
                 sp.emit,
-                [reqs[i] for i in committed.tolist()],
+                batch.reqs,
                 rows.slot[committed],
                 true_ids[committed],
                 rows.position[committed],
                 time.perf_counter(),
                 forced.top_up if forced is not None else None,
+                index=committed,
             )
             for req in finished:
                 self._sp_release(req, retracted=False)
@@ -994,6 +1001,8 @@ class SpexisScheduler(Scheduler):
         # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
         reqs = batch.reqs
+        # tokens held back while the request rode plain batches come first
+        sp.emit.flush([reqs[i] for i in committed.tolist()], rows.slot[committed])
         touched: List[Req] = []
         finished: List[Req] = []
         for i, token, position in zip(
@@ -1072,6 +1081,25 @@ class SpexisScheduler(Scheduler):
                 self.sp_length_oracle.admit(slot, req, verified, limit)
             sp.running.reqs.append(req)
 
+    def sp_flush_tokens(self) -> None:
+        """Append every held-back committed token to its request (``sp_emit``): before
+        SGLang code that reads the running requests' ``output_ids`` or ``kv_committed_len``."""
+        sp = self.sp
+        slots = sp.emit.pending_slots()
+        if slots.size:
+            sp.emit.flush(sp.req_at[slots].tolist(), slots)
+
+    def abort_request(self, recv_req):
+        super().abort_request(recv_req)
+        sp = self.sp
+        if sp is None:
+            return
+        # stock marks running requests with to_finish; their next token must take the
+        # finish check (sp_emit holds back the tokens of rows it would not check)
+        for slot in np.flatnonzero(sp.req_at != None).tolist():  # noqa: E711 (elementwise)
+            if sp.req_at[slot].to_finish is not None:
+                sp.emit.flag(slot)
+
     def _sp_counts_reasoning(self, req: Req) -> bool:
         """The request counts its reasoning tokens (``require_reasoning`` with a reasoning
         parser): SGLang's result processing advances the count per emitted token."""
@@ -1081,6 +1109,7 @@ class SpexisScheduler(Scheduler):
         """Stop a request's rows; its KV is freed once the rows in flight have drained."""
         sp = self.sp
         slot = req.req_pool_idx
+        sp.emit.flush([req], np.array([slot], dtype=np.int64))
         if sp.forced is not None:
             sp.forced.top_up(req)  # the fast emit path tags tokens when they stream
         allocated = int(sp.slots.allocated_len(slot)[0])
