@@ -604,7 +604,7 @@ class SpexisScheduler(Scheduler):
         sp.stats.new_token_ratio = ratio.current
         if len(rows) == 0:
             return None
-        self._sp_alloc_kv(rows)
+        meta = self._sp_alloc_kv(rows)
         sp.slots.on_launch(rows)
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
@@ -613,27 +613,41 @@ class SpexisScheduler(Scheduler):
         st.rows_spec += n_spec
         st.rows_normal += len(rows) - n_spec
         st.decode_iterations += 1
-        return self._sp_decode_batch(rows)
+        return self._sp_decode_batch(rows, *meta)
 
-    def _sp_alloc_kv(self, rows: Rows) -> None:
+    def _sp_alloc_kv(self, rows: Rows) -> Tuple[torch.Tensor, torch.Tensor]:
         """A new KV slot for every row that writes past its request's KV (one alloc, one
         index write). While a request decodes under SP, its KV length is the SlotState's
-        (``allocated_len``), not ``req.kv.kv_allocated_len``."""
+        (``allocated_len``), not ``req.kv.kv_allocated_len``.
+
+        Returns the batch's metadata on the host and on the device, one copy for both uses:
+        tokens, slots, positions, sequence lengths (``n`` each), then the slots and positions
+        of the rows that take a new KV slot (see ``_sp_decode_batch``)."""
         need = self.sp.slots.needs_slot(rows)
-        n = int(np.count_nonzero(need))
-        if n == 0:
-            return
-        slots, positions = rows.slot[need], rows.position[need]
-        req_to_token = self.req_to_token_pool.req_to_token
-        where = torch.from_numpy(np.stack([slots, positions])).to(req_to_token.device)
+        n, k = len(rows), int(np.count_nonzero(need))
+        host = np.empty(4 * n + 2 * k, dtype=np.int64)
+        host[:n] = rows.token
+        host[n : 2 * n] = rows.slot
+        host[2 * n : 3 * n] = rows.position
+        np.add(rows.position, 1, out=host[3 * n : 4 * n])
+        if k:
+            host[4 * n : 4 * n + k] = rows.slot[need]
+            host[4 * n + k :] = rows.position[need]
+        meta_cpu = torch.from_numpy(host)
+        meta = meta_cpu.to(self.req_to_token_pool.device)
+        if k == 0:
+            return meta_cpu, meta
+        where = meta[4 * n :].view(2, k)
         if self.token_to_kv_pool_allocator.page_size == 1:
-            new_slots = self.token_to_kv_pool_allocator.alloc(n)
+            new_slots = self.token_to_kv_pool_allocator.alloc(k)
         else:
-            new_slots = self._sp_alloc_paged(where, positions)
+            new_slots = self._sp_alloc_paged(where, host[4 * n + k :])
         if new_slots is None:
             raise RuntimeError("Spexis: KV allocation failed after the memory check")
+        req_to_token = self.req_to_token_pool.req_to_token
         req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
         # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
+        return meta_cpu, meta
 
     def _sp_alloc_paged(self, where: torch.Tensor, positions: np.ndarray) -> Optional[torch.Tensor]:
         """KV slots for new positions with ``--page-size > 1`` (SGLang's ``alloc_decode``
@@ -654,8 +668,11 @@ class SpexisScheduler(Scheduler):
             new_slots[opens] = pages[::page]
         return new_slots
 
-    def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
-        """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
+    def _sp_decode_batch(
+        self, rows: Rows, meta_cpu: torch.Tensor, meta: torch.Tensor
+    ) -> ScheduleBatch:
+        """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
+        copy of ids, slots, positions and lengths; the tensors are views of it)."""
         reqs = self.sp.req_at[rows.slot].tolist()
         plain = bool(self.sp.plain[rows.slot].all())
         if plain:
@@ -688,18 +705,18 @@ class SpexisScheduler(Scheduler):
             )
             set_decode_logprob_fields(batch, reqs)
         batch.forward_mode = ForwardMode.DECODE
-        meta_cpu = torch.from_numpy(np.stack([rows.token, rows.slot, rows.position]))
-        device = self.req_to_token_pool.device
-        meta = meta_cpu.to(device)
+        n = len(rows)
         req_to_token = self.req_to_token_pool.req_to_token
-        batch.input_ids = meta[0]
-        batch.req_pool_indices_cpu = meta_cpu[1]
-        batch.req_pool_indices = meta[1]
-        batch.seq_lens_cpu = meta_cpu[2] + 1
-        batch.seq_lens = meta[2] + 1
+        batch.input_ids = meta[:n]
+        batch.req_pool_indices_cpu = meta_cpu[n : 2 * n]
+        batch.req_pool_indices = meta[n : 2 * n]
+        batch.seq_lens_cpu = meta_cpu[3 * n : 4 * n]
+        batch.seq_lens = meta[3 * n : 4 * n]
         batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
-        batch.seq_lens_sum = int(rows.position.sum()) + len(rows)
-        batch.out_cache_loc = req_to_token[meta[1], meta[2]].to(torch.int64)
+        batch.seq_lens_sum = int(rows.position.sum()) + n
+        batch.out_cache_loc = req_to_token[batch.req_pool_indices, meta[2 * n : 3 * n]].to(
+            torch.int64
+        )
         if self.sp.sampling is not None:
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
