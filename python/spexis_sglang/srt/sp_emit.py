@@ -15,6 +15,16 @@ numpy prefilters: SGLang's own per-request code still decides for every row they
 a row they do not select is one for which that code would do nothing. So finish reasons,
 ``finished_len``, streaming and detokenizer payloads stay SGLang's (``tests/srt/
 test_sp_emit.py`` checks the prefilters against the per-request path on random cases).
+
+Appending each committed token to its ``Req`` was the largest per-row cost left (~1 µs a row:
+the forward has pushed the ``Req`` objects out of the cache). So the tokens of a request that
+neither finishes nor streams wait in a per-slot buffer (:meth:`SlotEmit.push`) and reach
+``output_ids`` / ``kv_committed_len`` in one ``extend`` (:meth:`SlotEmit.flush`) when SGLang's
+code is about to read them: a finish check or ``stream_output`` of that row, the request's
+release, a full buffer, or (the scheduler's part) anything that reads the running requests:
+an arriving request or abort, admission, retraction. An abort sets ``to_finish`` outside result
+processing, so the scheduler flags the slot (:meth:`SlotEmit.flag`) and its every token then
+takes the finish check.
 """
 
 from __future__ import annotations
@@ -27,9 +37,13 @@ from sglang.srt.managers.scheduler_components.output_streamer import (
     DEFAULT_FORCE_STREAM_INTERVAL,
 )
 
-__all__ = ["SlotEmit", "commit_tokens", "emit_batch", "finish_requests", "stop_token_ids"]
+from spexis_sglang.srt.sp_penalties import needs_penalizer
+
+__all__ = ["SlotEmit", "emit_batch", "finish_requests", "stop_token_ids"]
 
 _NO_LIMIT = np.iinfo(np.int64).max
+#: committed tokens a slot may hold back before they are appended to its request
+PENDING_CAP = 64
 
 
 class SlotEmit:
@@ -55,6 +69,13 @@ class SlotEmit:
         self._always_stream = np.zeros(capacity, dtype=bool)
         #: metrics or tracing observe every token's decode timestamp
         self._timed = np.zeros(capacity, dtype=bool)
+        #: the request's tokens reach it every iteration (timed, or penalised: the sampling
+        #: rank reads its output_ids when it builds a batch)
+        self._eager = np.zeros(capacity, dtype=bool)
+        #: committed tokens not yet appended to the request, and kv_committed_len after them
+        self._pend_tok = np.zeros((capacity, PENDING_CAP), dtype=np.int64)
+        self._pend_n = np.zeros(capacity, dtype=np.int64)
+        self._pend_kv = np.zeros(capacity, dtype=np.int64)
 
     def admit(self, slot: int, req: Req, verified_len: int) -> None:
         """``req`` starts decoding under SP in ``slot`` with ``verified_len`` tokens."""
@@ -87,6 +108,40 @@ class SlotEmit:
             getattr(time_stats, "enable_metrics", True)
             or getattr(getattr(time_stats, "trace_ctx", None), "tracing_enable", True)
         )
+        self._eager[slot] = self._timed[slot] or needs_penalizer(sp)
+        self._pend_n[slot] = 0
+        if req.to_finish is not None:
+            self.flag(slot)
+
+    def flag(self, slot: int) -> None:
+        """Something outside result processing may finish the request (an abort set
+        ``to_finish``): every token of it takes SGLang's finish check from now on."""
+        self._finish_at[slot] = -1
+
+    def push(self, slots: np.ndarray, tokens: np.ndarray, kv_committed: np.ndarray) -> np.ndarray:
+        """Hold back one committed token per row (distinct slots); the held counts after."""
+        n = self._pend_n[slots]
+        self._pend_tok[slots, n] = tokens
+        n += 1
+        self._pend_n[slots] = n
+        self._pend_kv[slots] = kv_committed
+        return n
+
+    def pending_slots(self) -> np.ndarray:
+        """Slots holding tokens back."""
+        return np.flatnonzero(self._pend_n)
+
+    def flush(self, reqs: List[Req], slots: np.ndarray) -> None:
+        """Append the held-back tokens of ``slots`` to their requests (``reqs[k]`` holds
+        ``slots[k]``), as SGLang's result processing does per token (``output_ids``,
+        ``kv_committed_len``)."""
+        counts = self._pend_n[slots]
+        pend, kv = self._pend_tok, self._pend_kv
+        for req, slot, n in zip(reqs, slots.tolist(), counts.tolist()):
+            if n:
+                req.output_ids.extend(pend[slot, :n].tolist())
+                req.kv_committed_len = int(kv[slot])
+        self._pend_n[slots] = 0
 
     def timed_per_token(self, slots: np.ndarray) -> np.ndarray:
         """Rows whose decode timestamp metrics or tracing observe on every token."""
@@ -130,21 +185,6 @@ def stop_token_ids(req: Req) -> List[int]:
     return [int(i) for i in ids]
 
 
-def commit_tokens(reqs: List[Req], tokens: List[int], kv_committed: List[int]) -> List[int]:
-    """Append each committed token to its request, as SGLang's result processing does per
-    emitted token (``output_ids``, ``kv_committed_len``).
-
-    Returns the indices of the requests that are finished or marked to finish (an abort):
-    they take ``update_finish_state`` whatever their token."""
-    flagged: List[int] = []
-    for k, (req, token, kv) in enumerate(zip(reqs, tokens, kv_committed)):
-        req.kv_committed_len = kv
-        req.output_ids.append(token)
-        if req.to_finish or req.finished_reason is not None:
-            flagged.append(k)
-    return flagged
-
-
 def finish_requests(reqs: List[Req], candidates: np.ndarray) -> np.ndarray:
     """``update_finish_state`` for the candidate rows; the mask of finished rows."""
     finished = np.zeros(len(reqs), dtype=bool)
@@ -156,10 +196,6 @@ def finish_requests(reqs: List[Req], candidates: np.ndarray) -> np.ndarray:
     return finished
 
 
-def _select(reqs: List[Req], mask: np.ndarray) -> List[Req]:
-    return [reqs[k] for k in np.flatnonzero(mask).tolist()]
-
-
 def emit_batch(
     emit: SlotEmit,
     reqs: List[Req],
@@ -168,28 +204,50 @@ def emit_batch(
     positions: np.ndarray,
     timestamp: float,
     top_up: Optional[Callable[[Req], None]] = None,
+    index: Optional[np.ndarray] = None,
 ) -> Tuple[List[Req], List[Req]]:
-    """Commit ``tokens`` (row ``k``: ``reqs[k]`` in ``slots[k]``, committed at
-    ``positions[k]``): returns ``(finished, to_stream)``, the finished requests and those
-    ``stream_output`` has something to do for (both in row order).
+    """Commit ``tokens`` (row ``k``: the request in ``slots[k]``, ``reqs[index[k]]``, or
+    ``reqs[k]`` without ``index``, committed at ``positions[k]``): returns ``(finished,
+    to_stream)``, the finished requests and those ``stream_output`` has something to do for
+    (both in row order).
 
-    Per-request state read only when a request is streamed is brought up to date only then:
-    the decode timestamp (``set_last_decode_finish_time``, per token where metrics or tracing
-    observe every token) and ``top_up`` (the benchmark mode's per-token label)."""
+    Only the rows SGLang's code acts on touch their request: their held-back tokens are
+    appended first; the other rows' tokens are held back (:meth:`SlotEmit.push`). Per-request
+    state read only when a request is streamed is brought up to date only then: the decode
+    timestamp (``set_last_decode_finish_time``, per token where metrics or tracing observe
+    every token) and ``top_up`` (the benchmark mode's per-token label)."""
     verified = positions + 2
-    flagged = commit_tokens(reqs, tokens.tolist(), (positions + 1).tolist())
-    timed = emit.timed_per_token(slots)
-    for req in _select(reqs, timed):
-        req.time_stats.set_last_decode_finish_time(timestamp)
+    held = emit.push(slots, tokens, positions + 1)
     cand = emit.finish_candidates(slots, tokens, verified)
-    if flagged:
-        cand[flagged] = True
-    finished = finish_requests(reqs, cand)
+    finished = np.zeros(slots.shape[0], dtype=bool)
+    if cand.any():
+        rows = np.flatnonzero(cand)
+        got = _rows(reqs, rows, index)
+        emit.flush(got, slots[rows])
+        finished[rows] = finish_requests(got, np.ones(rows.size, dtype=bool))
     stream = emit.stream_candidates(slots, verified, finished)
-    to_stream = reqs if stream.all() else _select(reqs, stream)
-    for req in to_stream if not timed.any() else _select(reqs, stream & ~timed):
+    eager = emit._eager[slots]
+    rest = (stream | eager | (held >= PENDING_CAP)) & ~cand
+    if rest.any():
+        rows = np.flatnonzero(rest)
+        emit.flush(_rows(reqs, rows, index), slots[rows])
+    timed = emit.timed_per_token(slots)
+    if timed.any():
+        for req in _rows(reqs, np.flatnonzero(timed), index):
+            req.time_stats.set_last_decode_finish_time(timestamp)
+    to_stream = _rows(reqs, np.flatnonzero(stream), index)
+    for req in (
+        to_stream if not timed.any() else _rows(reqs, np.flatnonzero(stream & ~timed), index)
+    ):
         req.time_stats.set_last_decode_finish_time(timestamp)
     if top_up is not None:
         for req in to_stream:
             top_up(req)
-    return _select(reqs, finished), to_stream
+    return _rows(reqs, np.flatnonzero(finished), index), to_stream
+
+
+def _rows(reqs: List[Req], rows: np.ndarray, index: Optional[np.ndarray]) -> List[Req]:
+    """The requests of committed rows ``rows``."""
+    if index is not None:
+        rows = index[rows]
+    return [reqs[k] for k in rows.tolist()]

@@ -31,10 +31,11 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
 
 What an iteration costs on the host (issue 12): the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
-so building a batch and verifying its results are a few dozen numpy operations. The per-row
-Python left is appending each committed token: for a batch that returns only tokens,
-``sp_emit`` prefilters with numpy which rows SGLang's finish check and ``stream_output`` can
-act on and runs them only there. Only the last stage builds sampling state. At a fixed alpha
+so building a batch and verifying its results are a few dozen numpy operations. For a batch
+that returns only tokens, ``sp_emit`` prefilters with numpy which rows SGLang's finish check
+and ``stream_output`` can act on and runs them only there; the other rows' tokens are held
+back per slot and appended to their ``Req`` in one go when SGLang code reads it
+(``sp_flush_tokens`` before request handling, admission and retraction). Only the last stage builds sampling state. At a fixed alpha
 the alpha controller, which only observes there, ranks candidates and credits verdicts on
 every 8th iteration (``--spexis-alpha-observe``).
 
@@ -373,6 +374,9 @@ class SpexisScheduler(Scheduler):
 
                 # recv + schedule + relay
                 recv_reqs, plan_in = self._sp_recv_requests()
+                if recv_reqs:
+                    # a request handler may read the running requests' output
+                    self.sp_flush_tokens()
                 self.process_input_requests(recv_reqs)
                 cur_batch, plan_out = self.sp_get_next_batch(plan_in)
                 self.mbs[mb_id] = cur_batch
@@ -497,6 +501,8 @@ class SpexisScheduler(Scheduler):
             if self.chunked_req.extend_range.end > len(self.chunked_req.prefix_indices):
                 self.stash_chunked_request(self.chunked_req)
 
+        if self.waiting_queue or self.chunked_req is not None:
+            self.sp_flush_tokens()  # admission reads the running requests' output
         if sp.released_since_filter:
             req_at = sp.req_at
             sp.running.reqs = [r for r in sp.running.reqs if req_at[r.req_pool_idx] is r]
@@ -598,7 +604,7 @@ class SpexisScheduler(Scheduler):
         sp.stats.new_token_ratio = ratio.current
         if len(rows) == 0:
             return None
-        self._sp_alloc_kv(rows)
+        meta = self._sp_alloc_kv(rows)
         sp.slots.on_launch(rows)
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
@@ -607,27 +613,41 @@ class SpexisScheduler(Scheduler):
         st.rows_spec += n_spec
         st.rows_normal += len(rows) - n_spec
         st.decode_iterations += 1
-        return self._sp_decode_batch(rows)
+        return self._sp_decode_batch(rows, *meta)
 
-    def _sp_alloc_kv(self, rows: Rows) -> None:
+    def _sp_alloc_kv(self, rows: Rows) -> Tuple[torch.Tensor, torch.Tensor]:
         """A new KV slot for every row that writes past its request's KV (one alloc, one
         index write). While a request decodes under SP, its KV length is the SlotState's
-        (``allocated_len``), not ``req.kv.kv_allocated_len``."""
+        (``allocated_len``), not ``req.kv.kv_allocated_len``.
+
+        Returns the batch's metadata on the host and on the device, one copy for both uses:
+        tokens, slots, positions, sequence lengths (``n`` each), then the slots and positions
+        of the rows that take a new KV slot (see ``_sp_decode_batch``)."""
         need = self.sp.slots.needs_slot(rows)
-        n = int(np.count_nonzero(need))
-        if n == 0:
-            return
-        slots, positions = rows.slot[need], rows.position[need]
-        req_to_token = self.req_to_token_pool.req_to_token
-        where = torch.from_numpy(np.stack([slots, positions])).to(req_to_token.device)
+        n, k = len(rows), int(np.count_nonzero(need))
+        host = np.empty(4 * n + 2 * k, dtype=np.int64)
+        host[:n] = rows.token
+        host[n : 2 * n] = rows.slot
+        host[2 * n : 3 * n] = rows.position
+        np.add(rows.position, 1, out=host[3 * n : 4 * n])
+        if k:
+            host[4 * n : 4 * n + k] = rows.slot[need]
+            host[4 * n + k :] = rows.position[need]
+        meta_cpu = torch.from_numpy(host)
+        meta = meta_cpu.to(self.req_to_token_pool.device)
+        if k == 0:
+            return meta_cpu, meta
+        where = meta[4 * n :].view(2, k)
         if self.token_to_kv_pool_allocator.page_size == 1:
-            new_slots = self.token_to_kv_pool_allocator.alloc(n)
+            new_slots = self.token_to_kv_pool_allocator.alloc(k)
         else:
-            new_slots = self._sp_alloc_paged(where, positions)
+            new_slots = self._sp_alloc_paged(where, host[4 * n + k :])
         if new_slots is None:
             raise RuntimeError("Spexis: KV allocation failed after the memory check")
+        req_to_token = self.req_to_token_pool.req_to_token
         req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
         # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
+        return meta_cpu, meta
 
     def _sp_alloc_paged(self, where: torch.Tensor, positions: np.ndarray) -> Optional[torch.Tensor]:
         """KV slots for new positions with ``--page-size > 1`` (SGLang's ``alloc_decode``
@@ -648,8 +668,11 @@ class SpexisScheduler(Scheduler):
             new_slots[opens] = pages[::page]
         return new_slots
 
-    def _sp_decode_batch(self, rows: Rows) -> ScheduleBatch:
-        """The ScheduleBatch of ``rows``: one host-to-device copy of ids, slots, positions."""
+    def _sp_decode_batch(
+        self, rows: Rows, meta_cpu: torch.Tensor, meta: torch.Tensor
+    ) -> ScheduleBatch:
+        """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
+        copy of ids, slots, positions and lengths; the tensors are views of it)."""
         reqs = self.sp.req_at[rows.slot].tolist()
         plain = bool(self.sp.plain[rows.slot].all())
         if plain:
@@ -682,18 +705,18 @@ class SpexisScheduler(Scheduler):
             )
             set_decode_logprob_fields(batch, reqs)
         batch.forward_mode = ForwardMode.DECODE
-        meta_cpu = torch.from_numpy(np.stack([rows.token, rows.slot, rows.position]))
-        device = self.req_to_token_pool.device
-        meta = meta_cpu.to(device)
+        n = len(rows)
         req_to_token = self.req_to_token_pool.req_to_token
-        batch.input_ids = meta[0]
-        batch.req_pool_indices_cpu = meta_cpu[1]
-        batch.req_pool_indices = meta[1]
-        batch.seq_lens_cpu = meta_cpu[2] + 1
-        batch.seq_lens = meta[2] + 1
+        batch.input_ids = meta[:n]
+        batch.req_pool_indices_cpu = meta_cpu[n : 2 * n]
+        batch.req_pool_indices = meta[n : 2 * n]
+        batch.seq_lens_cpu = meta_cpu[3 * n : 4 * n]
+        batch.seq_lens = meta[3 * n : 4 * n]
         batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
-        batch.seq_lens_sum = int(rows.position.sum()) + len(rows)
-        batch.out_cache_loc = req_to_token[meta[1], meta[2]].to(torch.int64)
+        batch.seq_lens_sum = int(rows.position.sum()) + n
+        batch.out_cache_loc = req_to_token[batch.req_pool_indices, meta[2 * n : 3 * n]].to(
+            torch.int64
+        )
         if self.sp.sampling is not None:
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
@@ -814,6 +837,7 @@ class SpexisScheduler(Scheduler):
         return need if page == 1 else need & (rows.position % page == 0)
 
     def sp_retract(self, rows: Rows, shortfall: int) -> Rows:
+        self.sp_flush_tokens()
         reqs = self.sp.req_at[rows.slot].tolist()
         order = sorted(
             range(len(reqs)),
@@ -976,15 +1000,15 @@ class SpexisScheduler(Scheduler):
         if batch.spexis_plain:
             # tokens only: SGLang's per-request finish check and streaming only where they
             # can act (sp_emit)
-            reqs = batch.reqs
             finished, to_stream = emit_batch(
                 sp.emit,
-                [reqs[i] for i in committed.tolist()],
+                batch.reqs,
                 rows.slot[committed],
                 true_ids[committed],
                 rows.position[committed],
                 time.perf_counter(),
                 forced.top_up if forced is not None else None,
+                index=committed,
             )
             for req in finished:
                 self._sp_release(req, retracted=False)
@@ -994,6 +1018,8 @@ class SpexisScheduler(Scheduler):
         # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
         reqs = batch.reqs
+        # tokens held back while the request rode plain batches come first
+        sp.emit.flush([reqs[i] for i in committed.tolist()], rows.slot[committed])
         touched: List[Req] = []
         finished: List[Req] = []
         for i, token, position in zip(
@@ -1072,6 +1098,25 @@ class SpexisScheduler(Scheduler):
                 self.sp_length_oracle.admit(slot, req, verified, limit)
             sp.running.reqs.append(req)
 
+    def sp_flush_tokens(self) -> None:
+        """Append every held-back committed token to its request (``sp_emit``): before
+        SGLang code that reads the running requests' ``output_ids`` or ``kv_committed_len``."""
+        sp = self.sp
+        slots = sp.emit.pending_slots()
+        if slots.size:
+            sp.emit.flush(sp.req_at[slots].tolist(), slots)
+
+    def abort_request(self, recv_req):
+        super().abort_request(recv_req)
+        sp = self.sp
+        if sp is None:
+            return
+        # stock marks running requests with to_finish; their next token must take the
+        # finish check (sp_emit holds back the tokens of rows it would not check)
+        for slot in np.flatnonzero(sp.req_at != None).tolist():  # noqa: E711 (elementwise)
+            if sp.req_at[slot].to_finish is not None:
+                sp.emit.flag(slot)
+
     def _sp_counts_reasoning(self, req: Req) -> bool:
         """The request counts its reasoning tokens (``require_reasoning`` with a reasoning
         parser): SGLang's result processing advances the count per emitted token."""
@@ -1081,6 +1126,7 @@ class SpexisScheduler(Scheduler):
         """Stop a request's rows; its KV is freed once the rows in flight have drained."""
         sp = self.sp
         slot = req.req_pool_idx
+        sp.emit.flush([req], np.array([slot], dtype=np.int64))
         if sp.forced is not None:
             sp.forced.top_up(req)  # the fast emit path tags tokens when they stream
         allocated = int(sp.slots.allocated_len(slot)[0])
