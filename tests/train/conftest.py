@@ -7,3 +7,13 @@ activate()
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+from .tiny_base import make_base  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def base():
+    """A tiny trained base model, one per test module (tests may change its state)."""
+    return make_base()

@@ -20,12 +20,7 @@ from spexis_sglang.train.collect import (
 )
 from spexis_sglang.train.report import render_compare
 
-from .tiny_base import EXIT_LAYER, make_base, prompt_for
-
-
-@pytest.fixture(scope="module")
-def base():
-    return make_base()
+from .tiny_base import EXIT_LAYER, prompt_for
 
 
 def test_train_counts_take_whole_sources_and_keep_the_smaller_runs_prompts():

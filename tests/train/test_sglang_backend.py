@@ -5,7 +5,6 @@ server's greedy answers equal HF's on the default model: tests/e2e/test_collect_
 import json
 import os
 
-import pytest
 import torch
 
 from spexis_sglang.train import pipeline
@@ -20,12 +19,7 @@ from spexis_sglang.train.collect import (
     sglang_answers,
 )
 
-from .tiny_base import EXIT_LAYER, make_base, prompt_for
-
-
-@pytest.fixture(scope="module")
-def base():
-    return make_base()
+from .tiny_base import EXIT_LAYER, prompt_for
 
 
 def test_sglang_output_ends_as_hf_generate():

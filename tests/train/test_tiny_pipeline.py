@@ -23,12 +23,7 @@ from spexis_sglang.train.length import (
     train_length_predictor,
 )
 
-from .tiny_base import EXIT_LAYER, make_base, prompt_for
-
-
-@pytest.fixture(scope="module")
-def base():
-    return make_base()
+from .tiny_base import EXIT_LAYER, prompt_for
 
 
 @pytest.fixture(scope="module")
