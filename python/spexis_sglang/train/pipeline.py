@@ -107,6 +107,24 @@ class PipelineConfig:
     notes: list[str] = field(default_factory=list)
 
 
+# one H200: the shipped artifacts (preset "gpu"; "gpu-long" starts from it)
+_GPU: dict = dict(
+    device="cuda",
+    threads=8,
+    n_train=5000,
+    n_val=400,
+    n_sharegpt_test=400,
+    n_other_test=200,
+    n_eval_per_category=80,
+    max_prompt_tokens=1536,
+    max_new_tokens=256,
+    batch_size=256,
+    draft_epochs=12,
+    draft_lr=2e-3,
+    batch_tokens=8192,
+    length_epochs=3,
+)
+
 PRESETS: dict[str, dict] = {
     # fits this shared 2-core CPU box: ~30 min collect, ~15 min train (a small reproduction)
     "cpu": dict(
@@ -124,53 +142,30 @@ PRESETS: dict[str, dict] = {
         length_min_predicted=5,  # 17 validation answers, 3 of them ended: few positive rows
     ),
     # one H200: the shipped artifacts
-    "gpu": dict(
-        device="cuda",
-        threads=8,
-        n_train=5000,
-        n_val=400,
-        n_sharegpt_test=400,
-        n_other_test=200,
-        n_eval_per_category=80,
-        max_prompt_tokens=1536,
-        max_new_tokens=256,
-        batch_size=256,
-        draft_epochs=12,
-        draft_lr=2e-3,
-        batch_tokens=8192,
-        length_epochs=3,
-    ),
+    "gpu": _GPU,
     # one H200, two device calls (benchmark/gpu/train_artifacts.sh PHASE=collect, then
     # PHASE=train): every ShareGPT training-split conversation plus the gpu preset's other
     # sources (the same prompts: seeded order), answers capped at 768 instead of 256, the
     # evaluation sets of the gpu preset; fewer epochs over ~3.5x the tokens
-    "gpu-long": dict(
-        device="cuda",
-        threads=2,
-        train_counts={
+    "gpu-long": {
+        **_GPU,
+        "threads": 2,
+        "train_counts": {
             "sharegpt": None,
             "gsm8k": 500,
             "alpaca_eval": 500,
             "humaneval": 250,
             "arena_hard": 250,
         },
-        n_val=400,
-        n_sharegpt_test=400,
-        n_other_test=200,
-        n_eval_per_category=80,
-        max_prompt_tokens=1536,
-        max_new_tokens=768,
-        batch_size=384,
-        collect_batch_tokens=300_000,
-        draft_epochs=4,
-        draft_lr=2e-3,
-        batch_tokens=8192,
-        length_epochs=3,
-        length_batch_rows=4096,  # ~5x the rows of gpu: about its number of steps
-        compare_cap=256,
+        "max_new_tokens": 768,
+        "batch_size": 384,
+        "collect_batch_tokens": 300_000,
+        "draft_epochs": 4,
+        "length_batch_rows": 4096,  # ~5x the rows of gpu: about its number of steps
+        "compare_cap": 256,
         # run 1: six HF generate workers made ~2.1k answer tokens/s (a third of the set)
-        collect_backend="sglang",
-    ),
+        "collect_backend": "sglang",
+    },
     # the gpu-long recipe at unit-test size (CPU dry runs of the two-call flow)
     "tiny-long": dict(
         train_counts={"sharegpt": 6, "gsm8k": 1, "alpaca_eval": 1, "humaneval": 1, "arena_hard": 1},
