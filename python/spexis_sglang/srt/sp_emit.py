@@ -231,15 +231,9 @@ def emit_batch(
     if rest.any():
         rows = np.flatnonzero(rest)
         emit.flush(_rows(reqs, rows, index), slots[rows])
-    timed = emit.timed_per_token(slots)
-    if timed.any():
-        for req in _rows(reqs, np.flatnonzero(timed), index):
-            req.time_stats.set_last_decode_finish_time(timestamp)
-    to_stream = _rows(reqs, np.flatnonzero(stream), index)
-    for req in (
-        to_stream if not timed.any() else _rows(reqs, np.flatnonzero(stream & ~timed), index)
-    ):
+    for req in _rows(reqs, np.flatnonzero(stream | emit.timed_per_token(slots)), index):
         req.time_stats.set_last_decode_finish_time(timestamp)
+    to_stream = _rows(reqs, np.flatnonzero(stream), index)
     if top_up is not None:
         for req in to_stream:
             top_up(req)
