@@ -177,13 +177,13 @@ def sglang_generate(
     """Greedy answers from a running SGLang server, as :func:`generate_greedy` makes them.
 
     Token ids in, token ids out (no re-tokenisation); stop on the HF generation config's EOS
-    ids (``stop_token_ids``) and at ``max_new_tokens`` (``ignore_eos`` would drop ``stop_token_ids`` too; SGLang's own
-    EOS set for this model is the same, an answer that stops elsewhere is logged). The
-    prompts go out in concurrent chunks, so the server holds
+    ids (``stop_token_ids``) and at ``max_new_tokens`` (``ignore_eos`` would drop
+    ``stop_token_ids`` too; SGLang's own EOS set for this model is the same, an answer that
+    stops elsewhere is logged). The prompts go out in concurrent chunks, so the server holds
     all of them at once and batches them itself. With ``deadline`` (unix time) the chunks not
     done by then are left out (``None``; the server is stopped afterwards anyway).
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     import requests
 
@@ -204,8 +204,6 @@ def sglang_generate(
         out = r.json()
         out = out if isinstance(out, list) else [out]
         return [_answer_from_sglang(o, eos_ids) for o in out]
-
-    from concurrent.futures import wait
 
     parts = [prompts[i : i + chunk] for i in range(0, len(prompts), chunk)]
     pool = ThreadPoolExecutor(max(1, min(threads, len(parts))))
