@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from spexis_sglang.testing import ServerProcess
+from spexis_sglang.testing import SPEXIS_RETRACT_LINE, ServerProcess
 
 from .compare import compare_outputs
 from .conftest import exact, make_room
@@ -48,7 +48,7 @@ def test_lookahead_admission_decides_the_count_under_memory_pressure_and_is_loss
             log = f.read()
     finally:
         sp_server.stop()
-    retractions = log.count("KV cache pool is full, retracting request")
+    retractions = log.count(SPEXIS_RETRACT_LINE)
     print(
         f"look-ahead admission: {stats['admissions_early']} requests admitted before SGLang's "
         f"reservation would, {stats['admissions_delayed']} delayed, "

@@ -24,6 +24,8 @@ from typing import List
 import pytest
 import requests
 
+from spexis_sglang.testing import SPEXIS_RETRACT_LINE
+
 from .compare import compare_outputs
 from .prompts import templated
 from .test_sp_lossless import sp_args, tiny_prompts  # noqa: F401
@@ -115,7 +117,7 @@ def test_paged_kv_under_memory_pressure_equals_plain_sglang(server_factory, tiny
         print(f"page size 4, pass {attempt}:", cmp.summary())
         assert cmp.all_identical, cmp.summary()
     with open(sp_server.log_path) as f:
-        retractions = f.read().count("KV cache pool is full, retracting request")
+        retractions = f.read().count(SPEXIS_RETRACT_LINE)
     print(f"{retractions} retractions")
     assert retractions > 0  # the test really exercised retraction
     got = output_ids(sp_server, prompts, stops)
