@@ -6,12 +6,18 @@ per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
 
     .venv/bin/python benchmark/cpu/sp_acceptance.py --pp-size 2 --prompts 16 --new-tokens 160 \
         --out benchmark/results/cpu_sp_acceptance.json
+
+``--workload specbench`` serves the SpecBench-like mix the heads are scored on offline
+(``--prompts`` per category, first turns, chat template, greedy to EOS or ``--new-tokens``) and
+reports acceptance per category; ``--draft-head`` (repeatable) serves each head in turn on the
+same prompts, so shipped and candidate heads are compared side by side in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -33,6 +39,71 @@ def stats(server) -> dict:
     ]
 
 
+def rel(path: str) -> str:
+    """``path`` relative to the repository when inside it (results never record machine paths)."""
+    here = os.path.abspath(".")
+    path = os.path.abspath(path)
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else os.path.basename(path)
+
+
+def counters(before: dict, after: dict) -> dict:
+    """Acceptance and tokens per row from two ``/server_info`` snapshots."""
+    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], (float, dict, list))}
+    rows = d["rows_normal"] + d["rows_spec"]
+    verdicts = d["accepted"] + d["rejected"]
+    return {
+        "drafts": verdicts,
+        "accepted": d["accepted"],
+        "acceptance": round(d["accepted"] / max(1, verdicts), 4),
+        "tokens_committed": d["tokens_committed"],
+        "tokens_per_row": round(d["tokens_committed"] / max(1, rows), 4),
+        "decode_iterations": d["decode_iterations"],
+    }
+
+
+def specbench(model: str, heads: list, args) -> dict:
+    """Per head and category: in-server acceptance on the SpecBench-like mix, natural ends."""
+    from transformers import AutoTokenizer
+
+    from spexis_sglang.data.mix import CATEGORIES, evaluation_mix
+
+    tok = AutoTokenizer.from_pretrained(model)
+    by_cat: dict = {c: [] for c in CATEGORIES}
+    for p in evaluation_mix(args.prompts, seed=0):
+        ids = tok.apply_chat_template(p.chat(), tokenize=True, add_generation_prompt=True)
+        by_cat[p.category].append([int(t) for t in getattr(ids, "input_ids", ids)])
+    out: dict = {}
+    outputs: dict = {}
+    for head in heads:
+        server = ServerProcess(["--pp-size", str(args.pp_size), "--spexis-draft-head", head])
+        server.wait_ready()
+        per: dict = {}
+        # per category (a batch each), or every category in one batch (--one-batch: long
+        # answers at a tenth of the iterations; acceptance over all drafts, not per category)
+        groups = {"all": sum(by_cat.values(), [])} if args.one_batch else by_cat
+        try:
+            for cat, prompts in groups.items():
+                before = stats(server)
+                sampling = {"temperature": 0.0, "max_new_tokens": args.new_tokens}
+                out = server.generate(
+                    {"input_ids": prompts, "sampling_params": sampling}, timeout=3600
+                )
+                ids = [o["output_ids"] for o in out]
+                per[cat] = counters(before, stats(server))
+                per[cat]["answer_tokens"] = sum(map(len, ids))
+                outputs.setdefault(cat, []).append(ids)
+        finally:
+            server.stop()
+        if not args.one_batch:
+            per["avg"] = round(sum(per[c]["acceptance"] for c in CATEGORIES) / len(CATEGORIES), 4)
+        out[rel(head)] = per
+        print(
+            rel(head), json.dumps({c: per[c] if c == "avg" else per[c]["acceptance"] for c in per})
+        )
+    identical = all(all(o == outs[0] for o in outs) for outs in outputs.values())
+    return {"per_head": out, "outputs_identical_across_heads": identical}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp-size", type=int, default=2)
@@ -40,6 +111,9 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--alpha", type=float, default=0.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--workload", choices=("lossless", "specbench"), default="lossless")
+    ap.add_argument("--draft-head", action="append", default=None)
+    ap.add_argument("--one-batch", action="store_true")
     args = ap.parse_args()
 
     sys.path.insert(0, ".")
@@ -47,6 +121,20 @@ def main() -> int:
 
     model = ensure_default_model()
     head = bundled_draft_head(model, args.pp_size)
+    if args.workload == "specbench":
+        res = {
+            "command": " ".join(sys.argv),
+            "pp_size": args.pp_size,
+            "prompts_per_category": args.prompts,
+            "max_new_tokens": args.new_tokens,
+            "one_batch": args.one_batch,
+            **specbench(model, args.draft_head or [head], args),
+        }
+        print(json.dumps(res, indent=1))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     server_args = ["--pp-size", str(args.pp_size), "--spexis-draft-head", head]
     if args.alpha:
         server_args += ["--spexis-alpha", str(args.alpha)]
@@ -67,7 +155,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "pp_size": args.pp_size,
         "alpha": args.alpha,
-        "draft_head": head,
+        "draft_head": rel(head),
         "prompts": args.prompts,
         "new_tokens": args.new_tokens,
         "wall_s": round(wall, 1),
