@@ -454,8 +454,10 @@ class SlotState:
         dropped slots (what stage 0 sends to the other ranks, which apply them with
         :meth:`drop` and :meth:`Rows.without`).
         """
+        if alpha <= 0:
+            return rows, np.empty(0, dtype=np.int64)
         cand = np.flatnonzero(rows.is_spec)
-        if alpha <= 0 or cand.size == 0:
+        if cand.size == 0:
             return rows, np.empty(0, dtype=np.int64)
         cs = self._active(rows.slot[cand])
         if not self._has_pending[cs].all():
