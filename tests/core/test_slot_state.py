@@ -423,6 +423,42 @@ def test_accept_reject_and_drain() -> None:
     assert ss.stats.accepted == 1 and ss.stats.rejected == 1 and ss.stats.stale == 2
 
 
+def test_results_with_and_without_stale_rows_agree() -> None:
+    """``on_result``'s all-valid path and its path with stale rows give the same verdicts,
+    limits and state for the rows both batches share."""
+
+    def run(release_one: bool):
+        ss = SlotState(capacity=4, depth=2)
+        ss.admit([0, 1, 2], verified_len=[5, 6, 7], last_token=[1, 2, 3], limit=[8, 100, 100])
+        r0 = ss.next_rows()
+        ss.on_launch(r0)
+        ss.on_draft(r0.slot, r0.position, r0.epoch, [10, 11, 12], [0.5, 0.6, 0.7])
+        r1 = ss.next_rows()
+        assert r1.is_spec.all()
+        ss.on_launch(r1)
+        if release_one:
+            ss.release(1)
+        res = ss.on_result([10, 99, 13])  # slot 0 accepts, slot 2 rejects
+        keep = [0, 2]
+        return (
+            res.verdict.dtype,
+            res.verdict[keep].tolist(),
+            res.at_limit[keep].tolist(),
+            res.committed.tolist(),
+            ss.verified_len(keep).tolist(),
+            ss.epoch(keep).tolist(),
+            [ss.draft_tokens(s) for s in keep],
+        )
+
+    full, stale = run(False), run(True)
+    assert full[0] == stale[0] == np.int8
+    assert full[1] == stale[1] == [Verdict.ACCEPTED, Verdict.REJECTED]
+    assert full[2] == stale[2] == [False, False]
+    assert full[3] == [True, True, True] and stale[3] == [True, False, True]
+    assert full[4:] == stale[4:]
+    assert full[4] == [6, 8] and full[5] == [0, 1] and full[6] == [[], []]
+
+
 def test_useless_drafts_are_dropped_at_the_limit() -> None:
     ss = SlotState(capacity=2, depth=2)
     ss.admit(0, verified_len=4, last_token=1, limit=5)  # one token left to generate

@@ -41,11 +41,11 @@ class _Tokenizer:
         return [ord(c) - 97 for c in text]
 
 
-def _random_req(rng: random.Random, k: int) -> Req:
+def _random_req(rng: random.Random, k: int, all_ignore_eos: bool = False) -> Req:
     tokenizer = _Tokenizer() if rng.random() < 0.7 else None
     params = SamplingParams(
         max_new_tokens=rng.randint(1, 12),
-        ignore_eos=rng.random() < 0.3,
+        ignore_eos=rng.random() < 0.3 or all_ignore_eos,
         stop_token_ids=rng.sample(range(VOCAB + 3), rng.randint(0, 2)),
         stop=["bc"] if tokenizer is not None and rng.random() < 0.2 else None,
     )
@@ -87,14 +87,15 @@ def _would_stream(req: Req) -> bool:
     return bool(acc.rids)
 
 
+@pytest.mark.parametrize("all_ignore_eos", [False, True])  # True: no stop id applies anywhere
 @pytest.mark.parametrize("seed", range(40))
-def test_emit_batch_matches_the_per_request_path(seed):
+def test_emit_batch_matches_the_per_request_path(seed, all_ignore_eos):
     rng = random.Random(seed)
     n = rng.randint(1, 24)
     # two identical sets of requests (built alike: a deep copy may reorder a set of stop ids,
     # and SGLang rewrites an out-of-vocabulary token to the first one)
-    reqs = [_random_req(random.Random(1000 * seed + k), k) for k in range(n)]
-    refs = [_random_req(random.Random(1000 * seed + k), k) for k in range(n)]
+    reqs = [_random_req(random.Random(1000 * seed + k), k, all_ignore_eos) for k in range(n)]
+    refs = [_random_req(random.Random(1000 * seed + k), k, all_ignore_eos) for k in range(n)]
     emit = SlotEmit(capacity=64, vocab_size=VOCAB, force_stream_interval=INTERVAL)
     slots = np.array(rng.sample(range(64), n), dtype=np.int64)
     prompt = np.array([len(r.origin_input_ids) for r in reqs], dtype=np.int64)

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 
+from spexis_sglang.core.row_hash import below64, row_key
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, uniform64, uniform64_scalar
 
@@ -23,6 +24,28 @@ def test_vectorised_uniform_equals_the_scalar_hash():
     assert got.tolist() == want
     assert 0.0 <= got.min() and got.max() < 1.0
     assert abs(got.mean() - 0.5) < 0.05
+
+
+def test_below64_is_the_uniform_draw_compared_with_theta():
+    """The per-slot key and scaled threshold give the comparison ``uniform64(base, position,
+    epoch - epoch0) < theta`` exactly, wrapped sums and thetas at the edges included."""
+    rng = np.random.default_rng(1)
+    n = 2000
+    base = rng.integers(0, 1 << 32, n).astype(np.uint64)
+    epoch0 = rng.integers(0, 1 << 20, n)
+    epoch = epoch0 + rng.integers(0, 1 << 16, n)
+    position = rng.integers(0, 1 << 40, n)
+    theta = rng.choice([0.0, 1.0, 0.25, 0.76, 0.999999], n)
+    theta[:500] = rng.random(500)
+    u = uniform64(base, position.astype(np.uint64), (epoch - epoch0).astype(np.uint64))
+    # draws close to a threshold: theta set to the draw itself and its neighbours
+    theta[500:600] = u[500:600]
+    theta[600:700] = np.nextafter(u[600:700], 2.0)
+    theta[700:800] = np.nextafter(u[700:800], -1.0)
+    key = np.array([row_key(int(b), int(e)) for b, e in zip(base, epoch0)], dtype=np.uint64)
+    got = below64(key, position, epoch, theta * 2.0**64)
+    assert got.tolist() == (u < theta).tolist()
+    assert 0 < got.sum() < n
 
 
 class _Req:

@@ -126,6 +126,7 @@ _STALE, _APPENDED, _ACCEPTED, _REJECTED = (
     int(Verdict.ACCEPTED),
     int(Verdict.REJECTED),
 )
+_ACCEPTED8, _REJECTED8, _APPENDED8 = (np.int8(v) for v in (_ACCEPTED, _REJECTED, _APPENDED))
 
 
 def _i64(x: object) -> np.ndarray:
@@ -414,9 +415,11 @@ class SlotState:
         else:
             s = self._check_slots(_i64(slots))
             status = self._status[s]
-            if (status == _FREE).any():
-                raise SlotStateError(f"slots {s[status == _FREE]} are not admitted")
-            s = s[status == _ACTIVE]
+            active = status == _ACTIVE
+            if not active.all():
+                if (status == _FREE).any():
+                    raise SlotStateError(f"slots {s[status == _FREE]} are not admitted")
+                s = s[active]
         f = self._frontier[s]
         v = self._verified[s]
         normal = f == v - 1
@@ -429,7 +432,8 @@ class SlotState:
             self.stats.drafts_dropped += int(np.count_nonzero(useless))
             spec &= ~useless
         keep = normal | spec
-        s, f, spec = s[keep], f[keep], spec[keep]
+        if not keep.all():  # the steady state keeps every request: no copies then
+            s, f, spec = s[keep], f[keep], spec[keep]
         token = np.where(spec, self._pending_tok[s], self._last[s])
         conf = np.where(spec, self._pending_conf[s], 1.0)
         return Rows(s, f, self._epoch[s], spec, token, conf)
@@ -450,8 +454,10 @@ class SlotState:
         dropped slots (what stage 0 sends to the other ranks, which apply them with
         :meth:`drop` and :meth:`Rows.without`).
         """
+        if alpha <= 0:
+            return rows, np.empty(0, dtype=np.int64)
         cand = np.flatnonzero(rows.is_spec)
-        if alpha <= 0 or cand.size == 0:
+        if cand.size == 0:
             return rows, np.empty(0, dtype=np.int64)
         cs = self._active(rows.slot[cand])
         if not self._has_pending[cs].all():
@@ -476,32 +482,36 @@ class SlotState:
         """
         s = self._check_slots(rows.slot)
         n = s.shape[0]
-        for name in ("position", "epoch", "is_spec", "token", "confidence"):
-            if getattr(rows, name).shape != (n,):
-                raise SlotStateError(f"rows.{name} has shape {getattr(rows, name).shape}")
+        pos, spec, token, conf = rows.position, rows.is_spec, rows.token, rows.confidence
+        if not (pos.shape == rows.epoch.shape == spec.shape == token.shape == conf.shape == (n,)):
+            for name in ("position", "epoch", "is_spec", "token", "confidence"):
+                if getattr(rows, name).shape != (n,):
+                    raise SlotStateError(f"rows.{name} has shape {getattr(rows, name).shape}")
+        inflight = self._inflight[s]
         if n:
             self._check_unique(s)
-            self._check_launch(rows, s)
-        spec = rows.is_spec
-        pos = rows.position
-        if spec.any():
-            ss, sp = s[spec], pos[spec]
-            col = sp % self.depth
-            self._ring_tok[ss, col] = rows.token[spec]
-            self._ring_conf[ss, col] = rows.confidence[spec]
+            self._check_launch(rows, s, inflight)
+        # Every row's token and confidence go to the ring at its position: a speculative
+        # row's are the launched draft read back until it is verified; a normal row launches
+        # when the request has no unverified draft (frontier V - 1), so its column holds
+        # nothing live then, and its launch makes the live range V .. frontier - 1 empty.
+        col = pos % self.depth
+        self._ring_tok[s, col] = token
+        self._ring_conf[s, col] = conf
         n_spec = int(np.count_nonzero(spec))
         self.stats.launched_spec += n_spec
         self.stats.launched_normal += n - n_spec
+        front = pos + 1
         self._has_pending[s] = False
-        self._inflight[s] += 1
-        self._frontier[s] = pos + 1
-        self._high[s] = np.maximum(self._high[s], pos + 1)
+        self._inflight[s] = inflight + 1
+        self._frontier[s] = front
+        self._high[s] = np.maximum(self._high[s], front)
         self._batches.append(rows)
 
-    def _check_launch(self, rows: Rows, s: np.ndarray) -> None:
+    def _check_launch(self, rows: Rows, s: np.ndarray, inflight: np.ndarray) -> None:
         f, v, spec = self._frontier[s], self._verified[s], rows.is_spec
         ok = (self._status[s] == _ACTIVE) & (rows.position == f)
-        ok &= (rows.epoch == self._epoch[s]) & (self._inflight[s] < self.depth)
+        ok &= (rows.epoch == self._epoch[s]) & (inflight < self.depth)
         ok &= rows.token == np.where(spec, self._pending_tok[s], self._last[s])
         ok &= np.where(spec, (f >= v) & self._has_pending[s], f == v - 1)
         if not ok.all():
@@ -567,7 +577,11 @@ class SlotState:
             & (p + 1 == f)
             & (f >= self._verified[s])
         )
-        if ok.any():
+        if ok.all():  # the drafts of the batch just launched: every one is recorded
+            self._has_pending[s] = True
+            self._pending_tok[s] = tokens
+            self._pending_conf[s] = confidences
+        elif ok.any():
             so = s[ok]
             self._has_pending[so] = True
             self._pending_tok[so] = _i64(tokens)[ok]
@@ -611,8 +625,11 @@ class SlotState:
         s, p = rows.slot, rows.position
         status = self._status[s]
         valid = (status == _ACTIVE) & (rows.epoch == self._epoch[s])
-        vs, vp = s[valid], p[valid]
-        bad = vp != self._verified[vs] - 1
+        # the steady state: every row valid, so no subsets are taken
+        all_valid = bool(valid.all())
+        vs, vp = (s, p) if all_valid else (s[valid], p[valid])
+        vp1 = vp + 1
+        bad = vp1 != self._verified[vs]
         if bad.any():
             raise SlotStateError(
                 f"slot {vs[bad][0]}: valid row at {vp[bad][0]} returned but "
@@ -622,44 +639,50 @@ class SlotState:
 
         # every row leaves the pipe; draining slots whose last row this was are free again
         self._inflight[s] -= 1
-        draining = status == _DRAINING
-        if draining.any():
-            ds = s[draining]
-            done = ds[self._inflight[ds] == 0]
-            if done.size:
-                self._free(done)
+        if not all_valid:
+            draining = status == _DRAINING
+            if draining.any():
+                ds = s[draining]
+                done = ds[self._inflight[ds] == 0]
+                if done.size:
+                    self._free(done)
 
-        vy = y[valid]
-        has_draft = self._frontier[vs] > vp + 1  # a speculative row sits at vp + 1
+        vy = y if all_valid else y[valid]
+        front = self._frontier[vs]
+        has_draft = front > vp1  # a speculative row sits at vp + 1
         if ld is None:
-            d_tok = self._ring_tok[vs, (vp + 1) % self.depth]
+            d_tok = self._ring_tok[vs, vp1 % self.depth]
         else:
-            d_tok = ld[valid]
+            d_tok = ld if all_valid else ld[valid]
         acc = has_draft & (d_tok == vy)
-        rej = has_draft & ~acc
-        self._verified[vs] = vp + 2
+        rej = has_draft ^ acc
+        vp2 = vp1 + 1
+        self._verified[vs] = vp2
         self._last[vs] = vy
         n_acc = int(np.count_nonzero(acc))
         n_rej = int(np.count_nonzero(rej))
         if n_rej:
             rs = vs[rej]
             self._epoch[rs] += 1
-            self._has_pending[rs] = False
-            self._frontier[rs] = vp[rej] + 1
-        # no launched row depends on the token: a pending draft for the same position is
-        # obsolete (the next row is a normal row with the true token)
-        app = ~has_draft
-        a_s = vs[app]
-        self._has_pending[a_s[self._frontier[a_s] == vp[app] + 1]] = False
+            self._frontier[rs] = vp1[rej]
+        # a rejected row's pending draft is built on the wrong token; where no launched row
+        # depends on the token, a pending draft for the same position is obsolete (the next
+        # row is a normal row with the true token)
+        self._has_pending[vs[rej | (front == vp1)]] = False
 
-        verdict = np.full(n, _STALE, dtype=np.int8)
-        verdict[valid] = np.where(has_draft, np.where(acc, _ACCEPTED, _REJECTED), _APPENDED)
+        v_verdict = np.where(has_draft, np.where(acc, _ACCEPTED8, _REJECTED8), _APPENDED8)
+        v_limit = vp2 >= self._limit[vs]
+        if all_valid:
+            verdict, at_limit = v_verdict, v_limit
+        else:
+            verdict = np.full(n, _STALE, dtype=np.int8)
+            verdict[valid] = v_verdict
+            at_limit = np.zeros(n, dtype=bool)
+            at_limit[valid] = v_limit
         self.stats.accepted += n_acc
         self.stats.rejected += n_rej
         self.stats.appended += vs.size - n_acc - n_rej
         self.stats.stale += n - vs.size
-        at_limit = np.zeros(n, dtype=bool)
-        at_limit[valid] = vp + 2 >= self._limit[vs]
         return Results(rows, verdict, y, valid, at_limit)
 
     # ------------------------------------------------------------------ helpers

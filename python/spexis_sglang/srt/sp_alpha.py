@@ -128,12 +128,11 @@ class AlphaController:
     def on_launch(self, rows: Rows, iteration: int) -> None:
         """A decode batch built at loop iteration ``iteration`` is launched."""
         observed = self._observed
-        spec = rows.is_spec
-        if spec.any():
-            s = rows.slot[spec]
-            self._ring[s, rows.position[spec] % self.depth] = (
-                self._candidate_bin[s] if observed else -1
-            )
+        # every row is written (no mask): only a speculative row's entry is ever read (by the
+        # result of the row before it), and a normal row launches when its request has no
+        # launched draft in flight, so its column holds nothing that will be read
+        s = rows.slot
+        self._ring[s, rows.position % self.depth] = self._candidate_bin[s] if observed else -1
         now = self._clock()
         last = self._last_launch
         if last is None or last[0] != iteration - 1:

@@ -65,6 +65,7 @@ class SlotEmit:
         self._stops_apply = np.zeros(capacity, dtype=bool)
         #: a token id that some request admitted so far stops on (a superset: never cleared)
         self._stop_token = np.zeros(self.vocab_size, dtype=bool)
+        self._any_stop = False
         #: every token goes to stream_output (streaming, or a batch-wide output flag)
         self._always_stream = np.zeros(capacity, dtype=bool)
         #: metrics or tracing observe every token's decode timestamp
@@ -96,6 +97,7 @@ class SlotEmit:
         self._stops_apply[slot] = not sp.ignore_eos
         if not sp.ignore_eos:
             self._stop_token[self._in_vocab(stop_token_ids(req))] = True
+            self._any_stop = bool(self._stop_token.any())
         self._always_stream[slot] = bool(
             req.stream
             or req.return_hidden_states
@@ -159,9 +161,14 @@ class SlotEmit:
         Every row for which ``Req.update_finish_state`` could set a finish reason is selected
         (aborts aside: ``to_finish`` and an already set reason are checked per request by
         :func:`commit_tokens`)."""
+        cand = verified_len >= self._finish_at[slots]
         in_vocab = (tokens >= 0) & (tokens < self.vocab_size)
-        stop = self._stop_token[np.where(in_vocab, tokens, 0)] & self._stops_apply[slots]
-        return (verified_len >= self._finish_at[slots]) | ~in_vocab | stop
+        if not in_vocab.all():
+            cand |= ~in_vocab
+            tokens = np.where(in_vocab, tokens, 0)
+        if self._any_stop:  # no request admitted so far stops on a token: nothing to look up
+            cand |= self._stop_token[tokens] & self._stops_apply[slots]
+        return cand
 
     def stream_candidates(
         self, slots: np.ndarray, verified_len: np.ndarray, finished: np.ndarray

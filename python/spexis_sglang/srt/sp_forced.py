@@ -17,7 +17,7 @@ from typing import List, Optional
 import numpy as np
 from sglang.srt.managers.schedule_batch import Req
 
-from spexis_sglang.core.row_hash import uniform64, uniform64_scalar
+from spexis_sglang.core.row_hash import below64, row_key, uniform64, uniform64_scalar
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt.protocol import FORCE_ACCEPT_PARAM, FORCED_LABEL
 
@@ -50,6 +50,9 @@ class ForcedAcceptance:
         self._base = np.zeros(capacity, dtype=np.uint64)
         self._epoch0 = np.zeros(capacity, dtype=np.int64)
         self._theta = np.zeros(capacity, dtype=np.float64)
+        # the same draw in fewer passes (row_hash.below64): hash key and Θ * 2**64 per slot
+        self._key = np.zeros(capacity, dtype=np.uint64)
+        self._threshold = np.zeros(capacity, dtype=np.float64)
 
     def theta(self, req: Req) -> float:
         """The request's Θ: its ``custom_params`` value (validated on arrival), else the
@@ -61,6 +64,8 @@ class ForcedAcceptance:
         self._base[slot] = zlib.crc32(f"{self.seed}:{req.rid}".encode())
         self._epoch0[slot] = epoch
         self._theta[slot] = self.theta(req)
+        self._key[slot] = row_key(int(self._base[slot]), epoch)
+        self._threshold[slot] = self._theta[slot] * 2.0**64
 
     def true_tokens(
         self, rows: Rows, true_ids: np.ndarray, drafts: np.ndarray, built_on_draft: np.ndarray
@@ -68,12 +73,8 @@ class ForcedAcceptance:
         """The tokens verification should see: for a row whose next position carries a
         launched draft, the draft with probability Θ, otherwise a token that differs from it."""
         s = rows.slot
-        u = uniform64(
-            self._base[s],
-            rows.position.astype(np.uint64),
-            (rows.epoch - self._epoch0[s]).astype(np.uint64),
-        )
-        accept = u < self._theta[s]
+        # uniform64(base, position, epoch - epoch0) < theta, per row
+        accept = below64(self._key[s], rows.position, rows.epoch, self._threshold[s])
         rejected = np.where(true_ids == drafts, (drafts + 1) % self.vocab_size, true_ids)
         return np.where(built_on_draft, np.where(accept, drafts, rejected), true_ids)
 

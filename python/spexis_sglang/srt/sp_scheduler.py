@@ -71,7 +71,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import DynamicGradMode
 from sglang.srt.utils.common import ceil_align
 
-from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState, Verdict
+from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState
 from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
     ENV_DRAFT_LOG,
@@ -112,8 +112,6 @@ from spexis_sglang.srt.stats import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler", "SpexisStats"]
-
-_ACCEPTED, _REJECTED, _STALE = int(Verdict.ACCEPTED), int(Verdict.REJECTED), int(Verdict.STALE)
 
 
 class _PendingDrafts:
@@ -605,11 +603,12 @@ class SpexisScheduler(Scheduler):
         if len(rows) == 0:
             return None
         meta = self._sp_alloc_kv(rows)
+        launched_spec = sp.slots.stats.launched_spec
         sp.slots.on_launch(rows)
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
         st = sp.stats
-        n_spec = int(np.count_nonzero(rows.is_spec))
+        n_spec = sp.slots.stats.launched_spec - launched_spec  # SlotState counts them
         st.rows_spec += n_spec
         st.rows_normal += len(rows) - n_spec
         st.decode_iterations += 1
@@ -983,29 +982,35 @@ class SpexisScheduler(Scheduler):
         if forced is not None:
             # Benchmark-only: pretend the target agreed with the draft w.p. theta.
             true_ids = forced.true_tokens(rows, true_ids, drafts, sp.slots.verifies_draft(rows))
+        counts = sp.slots.stats  # SlotState counts the verdicts it gives
+        accepted, rejected, stale = counts.accepted, counts.rejected, counts.stale
         res = sp.slots.on_result(true_ids, launched_drafts=drafts)
-        verdict = res.verdict
         if sp.alpha is not None:
-            sp.alpha.on_result(rows, verdict)
+            sp.alpha.on_result(rows, res.verdict)
         st = sp.stats
-        n_acc = int(np.count_nonzero(verdict == _ACCEPTED))
-        n_rej = int(np.count_nonzero(verdict == _REJECTED))
-        committed = np.flatnonzero(res.committed)
-        st.accepted += n_acc
-        st.rejected += n_rej
-        st.rows_stale += len(rows) - committed.size
-        st.tokens_committed += committed.size
-        if committed.size == 0:
+        st.accepted += counts.accepted - accepted
+        st.rejected += counts.rejected - rejected
+        n_stale = counts.stale - stale
+        n_committed = len(rows) - n_stale
+        st.rows_stale += n_stale
+        st.tokens_committed += n_committed
+        if n_committed == 0:
             return
         if batch.spexis_plain:
             # tokens only: SGLang's per-request finish check and streaming only where they
-            # can act (sp_emit)
+            # can act (sp_emit); the steady state commits every row, so no subsets then
+            if n_stale:
+                committed = np.flatnonzero(res.committed)
+                slots, tokens = rows.slot[committed], true_ids[committed]
+                positions = rows.position[committed]
+            else:
+                committed, slots, tokens, positions = None, rows.slot, true_ids, rows.position
             finished, to_stream = emit_batch(
                 sp.emit,
                 batch.reqs,
-                rows.slot[committed],
-                true_ids[committed],
-                rows.position[committed],
+                slots,
+                tokens,
+                positions,
                 time.perf_counter(),
                 forced.top_up if forced is not None else None,
                 index=committed,
@@ -1013,8 +1018,9 @@ class SpexisScheduler(Scheduler):
             for req in finished:
                 self._sp_release(req, retracted=False)
             self.output_streamer.stream_output(to_stream, False)
-            self.metrics_reporter.num_generated_tokens += committed.size
+            self.metrics_reporter.num_generated_tokens += n_committed
             return
+        committed = np.flatnonzero(res.committed)
         # per committed token, what SGLang does per emitted token
         logprobs = DecodeLogprobs.from_result(batch, result)
         reqs = batch.reqs
