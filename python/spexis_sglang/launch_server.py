@@ -599,10 +599,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.utils import kill_process_tree
 
-    from spexis_sglang.srt.hooks import install, run_spexis_scheduler_process
+    from spexis_sglang.srt.hooks import (
+        fork_subprocesses_on_cpu,
+        install,
+        run_spexis_scheduler_process,
+    )
     from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
+    if on_cpu:
+        fork_subprocesses_on_cpu()
     try:
         launch_server(
             server_args,

@@ -1,8 +1,8 @@
 """Start and stop real servers of ``python -m spexis_sglang.launch_server`` (tests, benchmarks).
 
-The server is a real process tree; :class:`ServerProcess` waits for ``/health_generate``
-while checking that the process is still alive, so a crash at start-up fails at once with the
-end of its log instead of costing the whole timeout.
+The server is a real process tree; :class:`ServerProcess` waits for SGLang's "ready" log line
+(its warm-up request answered) while checking that the process is still alive, so a crash at
+start-up fails at once with the end of its log instead of costing the whole timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +27,22 @@ import requests
 PORT_RANGE = (20000, 32000)
 # uvicorn's message when the port was taken after all; the server then restarts on another
 _BIND_FAILED = "error while attempting to bind on address"
+# SGLang logs this once its own warm-up request has been answered (server status Up)
+_READY_LINE = "The server is fired up and ready to roll!"
+# seconds between readiness checks (each reads the log; a check that finds the server up costs
+# nothing more, so a short interval only trims the wait after the warm-up)
+READY_POLL_S = 0.25
+# /health_generate is asked only this often: once the server is up it takes a second or more
+# (SGLang generates a token and polls for it every second)
+_HEALTH_GENERATE_EVERY_S = 2.0
+
+# SGLang's defaults that cost a stop 5 s: stopping the process group ends the schedulers and
+# the detokenizer, the HTTP process takes that for a crash and sleeps 5 s before py-spy / CUDA
+# core dumps of schedulers that are already gone. A caller's environment still wins.
+QUIET_SHUTDOWN_ENV = {
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
 
 # a retraction as a server's log reports it: Spexis logs one line per retracted request, stock
 # SGLang one line per event with the count ("KV cache pool is full. Retract requests.
@@ -117,7 +133,7 @@ class ServerProcess:
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(self._env or {})},
+            env={**QUIET_SHUTDOWN_ENV, **os.environ, **(self._env or {})},
             start_new_session=True,
         )
         self.ready_after: Optional[float] = None
@@ -129,17 +145,28 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def _bind_failed(self) -> bool:
+    def _log_text(self) -> str:
         try:
             with open(self.log_path, errors="replace") as f:
-                return _BIND_FAILED in f.read()
+                return f.read()
         except OSError:
+            return ""
+
+    def _health_generate_ok(self) -> bool:
+        try:
+            r = requests.get(self.base_url + "/health_generate", timeout=30)
+            return r.status_code == 200
+        except requests.RequestException:
             return False
 
     def wait_ready(self, timeout: float = 600.0, bind_retries: int = 2) -> "ServerProcess":
+        """Wait until SGLang reports its warm-up request answered (its log line, read every
+        ``READY_POLL_S``; ``/health_generate`` for a server that logs no such line)."""
         deadline = time.time() + timeout
+        next_health = time.time()
         while time.time() < deadline:
-            if self._bind_failed():
+            log = self._log_text()
+            if _BIND_FAILED in log:
                 self.stop()
                 if bind_retries <= 0 or self._fixed_port is not None:
                     raise ServerDied(
@@ -154,14 +181,14 @@ class ServerProcess:
                     f"server exited with {self.proc.returncode} during start-up; log {self.log_path}:\n"
                     + self.log_tail()
                 )
-            try:
-                r = requests.get(self.base_url + "/health_generate", timeout=30)
-                if r.status_code == 200:
-                    self.ready_after = time.time() - self.started_at
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(2)
+            ready = _READY_LINE in log
+            if not ready and time.time() >= next_health:
+                ready = self._health_generate_ok()
+                next_health = time.time() + _HEALTH_GENERATE_EVERY_S
+            if ready:
+                self.ready_after = time.time() - self.started_at
+                return self
+            time.sleep(READY_POLL_S)
         self.stop()
         raise TimeoutError(
             f"server not ready after {timeout:.0f} s; log {self.log_path}:\n" + self.log_tail()

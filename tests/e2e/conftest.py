@@ -8,8 +8,9 @@ again if a later test asks for it).
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 import pytest
@@ -33,6 +34,26 @@ MAX_SERVERS = int(os.environ.get("SPEXIS_TEST_MAX_SERVERS") or 0)
 def exact(args: List[str]) -> List[str]:
     """Every test server runs in the exact mode: equality tests demand identical tokens."""
     return [*args, *exact_test_args()]
+
+
+# SGLang's model modules the test servers need: every model they serve is a Llama (the default
+# SmolLM2, the tiny model; Spexis' stage-0 classes import their bases directly).
+MODEL_MODULES = ("llama",)
+
+
+def _other_model_modules() -> str:
+    """The rest of ``sglang.srt.models``, for SGLang's ``SGLANG_DISABLED_MODEL_ARCHS``: its
+    registry otherwise imports all ~200 model modules in every server process (~0.8 s of CPU
+    each, three or four processes per launch)."""
+    sglang_dir = importlib.util.find_spec("sglang").submodule_search_locations[0]
+    names = os.listdir(os.path.join(sglang_dir, "srt", "models"))
+    modules = (n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py")
+    return ",".join(sorted(m for m in modules if m not in MODEL_MODULES))
+
+
+def server_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of every test server: ``env`` over the suite's own settings."""
+    return {"SGLANG_DISABLED_MODEL_ARCHS": _other_model_modules(), **(env or {})}
 
 
 # servers handed to the running test: never stopped to make room for another of its servers
@@ -106,7 +127,7 @@ def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProc
     server = _servers.pop(key, None)
     if server is None or not server.alive():
         make_room()
-        server = ServerProcess(exact(args), env=env)
+        server = ServerProcess(exact(args), env=server_env(env))
         _servers[key] = server
         server.wait_ready()
     _servers[key] = server  # most recently used

@@ -12,7 +12,7 @@ import pytest
 from spexis_sglang.testing import SPEXIS_RETRACT_LINE, ServerProcess
 
 from .compare import compare_outputs
-from .conftest import exact, make_room
+from .conftest import exact, make_room, server_env
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -38,7 +38,8 @@ def test_lookahead_admission_decides_the_count_under_memory_pressure_and_is_loss
     args += ["--max-total-tokens", str(KV_TOKENS)]
     # not a session server: one more PP=2 server for the rest of the suite costs memory
     make_room()
-    sp_server = ServerProcess(exact(sp_args(2, trained_head, *args))).wait_ready()
+    sp_server = ServerProcess(exact(sp_args(2, trained_head, *args)), env=server_env())
+    sp_server.wait_ready()
     try:
         got = sp_server.greedy_ids(prompts, NEW_TOKENS, **PARAMS)
         stats = spexis_stats(sp_server)

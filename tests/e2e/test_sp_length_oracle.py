@@ -13,7 +13,7 @@ import requests
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL
 from spexis_sglang.testing import ServerProcess
 
-from .conftest import exact, make_room
+from .conftest import exact, make_room, server_env
 from .test_sp_lossless import sp_args
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ def _payload():
 
 def _serve(args):
     make_room()
-    server = ServerProcess(exact(args)).wait_ready()
+    server = ServerProcess(exact(args), env=server_env()).wait_ready()
     try:
         out = server.generate(_payload())
         info = requests.get(server.base_url + "/server_info", timeout=60).json()

@@ -12,7 +12,7 @@ import pytest
 
 from spexis_sglang.testing import ServerProcess, free_port
 
-from .conftest import exact, make_room
+from .conftest import exact, make_room, server_env
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -25,10 +25,12 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     dist = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
     args = exact(sp_args(2, trained_head, *dist))
     make_room()
-    node1 = ServerProcess(args + ["--node-rank", "1"])  # no HTTP API: stage 1 only
+    node1 = ServerProcess(
+        args + ["--node-rank", "1"], env=server_env()
+    )  # no HTTP API: stage 1 only
     node0 = None
     try:
-        node0 = ServerProcess(args + ["--node-rank", "0"]).wait_ready()
+        node0 = ServerProcess(args + ["--node-rank", "0"], env=server_env()).wait_ready()
         got = node0.greedy_ids(prompts, 32)
         stats = spexis_stats(node0)
         assert node1.alive()

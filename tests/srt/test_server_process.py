@@ -39,3 +39,28 @@ def test_a_port_taken_during_start_up_restarts_the_server_on_another(tmp_path):
     ports = launches.read_text().split()
     assert len(ports) == 3 and len(set(ports)) == 3, ports
     assert not server.alive()
+
+
+READY_SERVER = """
+import os, sys, time
+print("[2026-01-01 00:00:00] The server is fired up and ready to roll!", flush=True)
+print("pyspy dump:", os.environ.get("SGLANG_PYSPY_DUMP_BEFORE_CRASH"), flush=True)
+time.sleep(60)
+"""
+
+
+def test_ready_when_sglang_logs_its_warm_up_done_and_stops_skip_crash_dumps(tmp_path):
+    """SGLang's "fired up" line (its warm-up request answered) is the readiness signal: no
+    second generation through /health_generate (a second or more each). Test servers start
+    without SGLang's crash diagnostics, whose 5 s sleep every stop would pay."""
+    (tmp_path / "ready_server.py").write_text(READY_SERVER)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    server = ServerProcess([], env=env, module="ready_server")
+    try:
+        server.wait_ready(timeout=30)
+        assert server.ready_after < 10
+        assert server.alive()
+    finally:
+        server.stop()
+    assert not server.alive()
+    assert "pyspy dump: 0" in server.log_tail()
