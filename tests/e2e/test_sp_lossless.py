@@ -203,13 +203,21 @@ def test_sampling_distribution_matches_plain(server_factory, tiny_model_dir, tin
         # a tiny vocabulary: few outcomes carry the mass
         assert len(ca) >= 2  # a real distribution, not a single forced token
     print("per-position chi-square p-values:", np.round(pvalues, 4).tolist())
-    # Five tests: with a correct server each p-value is uniform; 1e-3 leaves ample margin.
-    assert min(pvalues) > 1e-3, pvalues
-    # Sanity of the test itself: a shifted distribution is detected.
-    shifted = Counter(x[1] for x in a)
-    top = shifted.most_common(1)[0][0]
-    shifted[top] += n // 3
-    assert chi2_sf(*two_sample_chi2(Counter(x[1] for x in a), shifted)) < 1e-3
+    # Five tests: with a correct server each p-value is uniform, so one of the five falls below
+    # 1e-4 in about 1 run of 2,000 (sampling is unseeded: a looser bound makes a flaky test).
+    # A real sampling bug moves far more mass than the noise of 300 samples: see below.
+    assert min(pvalues) > 1e-4, pvalues
+    # Sanity of the test itself: a distribution that moves n/5 samples (at most the top
+    # token's count, >= n/8 under top_k=8) from the most likely token to one never sampled is
+    # detected far below the bound, whatever the sample (the check once added n/3 to the top
+    # token, which a sample with a dominant token could absorb: p = 0.0032 in one run).
+    observed = Counter(x[1] for x in a)
+    top = observed.most_common(1)[0][0]
+    shifted = Counter(observed)
+    moved = min(n // 5, shifted[top])
+    shifted[top] -= moved
+    shifted["never sampled"] += moved
+    assert chi2_sf(*two_sample_chi2(observed, shifted)) < 1e-6
 
 
 def test_pp_x_tp_x_sp_tiny_model_equals_plain(server_factory, tiny_model_dir, tiny_prompts):
