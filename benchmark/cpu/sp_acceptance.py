@@ -85,10 +85,10 @@ def specbench(model: str, heads: list, args) -> dict:
             for cat, prompts in groups.items():
                 before = stats(server)
                 sampling = {"temperature": 0.0, "max_new_tokens": args.new_tokens}
-                out = server.generate(
+                response = server.generate(
                     {"input_ids": prompts, "sampling_params": sampling}, timeout=3600
                 )
-                ids = [o["output_ids"] for o in out]
+                ids = [o["output_ids"] for o in response]
                 per[cat] = counters(before, stats(server))
                 per[cat]["answer_tokens"] = sum(map(len, ids))
                 outputs.setdefault(cat, []).append(ids)

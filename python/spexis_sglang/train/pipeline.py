@@ -147,7 +147,7 @@ PRESETS: dict[str, dict] = {
     # PHASE=train): every ShareGPT training-split conversation plus the gpu preset's other
     # sources (the same prompts: seeded order), answers capped at 768 instead of 256, the
     # evaluation sets of the gpu preset; 10 draft epochs (run 2: validation acceptance still rose
-    # 0.53 -> 0.82 over 4 epochs; 10 gave the shipped heads, 0.85 at the 1/2 exit)
+    # 0.53 -> 0.82 over 4 epochs; 10 reached 0.85 at the 1/2 exit)
     "gpu-long": {
         **_GPU,
         "threads": 2,
