@@ -9,8 +9,8 @@ per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
 
 ``--workload specbench`` serves the SpecBench-like mix the heads are scored on offline
 (``--prompts`` per category, first turns, chat template, greedy to EOS or ``--new-tokens``) and
-reports acceptance per category; ``--draft-head`` (repeatable) serves each head in turn on the
-same prompts, so shipped and candidate heads are compared side by side in one run.
+reports acceptance per category; ``--draft-head`` (repeatable there) serves each head in turn
+on the same prompts, so shipped and candidate heads are compared side by side in one run.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import requests  # noqa: E402
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
+from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 
@@ -46,9 +47,22 @@ def rel(path: str) -> str:
     return os.path.relpath(path, here) if path.startswith(here + os.sep) else os.path.basename(path)
 
 
+def server_args(head: str, args) -> list:
+    """One SP server: ``head`` at stage 0, and ``--alpha`` when set."""
+    out = ["--pp-size", str(args.pp_size), "--spexis-draft-head", head]
+    return out + ["--spexis-alpha", str(args.alpha)] if args.alpha else out
+
+
+def write(res: dict, out) -> None:
+    print(json.dumps(res, indent=1))
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def counters(before: dict, after: dict) -> dict:
     """Acceptance and tokens per row from two ``/server_info`` snapshots."""
-    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], (float, dict, list))}
+    d = stat_deltas(before, after)
     rows = d["rows_normal"] + d["rows_spec"]
     verdicts = d["accepted"] + d["rejected"]
     return {
@@ -75,7 +89,7 @@ def specbench(model: str, heads: list, args) -> dict:
     out: dict = {}
     outputs: dict = {}
     for head in heads:
-        server = ServerProcess(["--pp-size", str(args.pp_size), "--spexis-draft-head", head])
+        server = ServerProcess(server_args(head, args))
         server.wait_ready()
         per: dict = {}
         # per category (a batch each), or every category in one batch (--one-batch: long
@@ -120,25 +134,23 @@ def main() -> int:
     from tests.e2e.prompts import lossless_prompts
 
     model = ensure_default_model()
-    head = bundled_draft_head(model, args.pp_size)
+    heads = args.draft_head or [bundled_draft_head(model, args.pp_size)]
     if args.workload == "specbench":
         res = {
             "command": " ".join(sys.argv),
             "pp_size": args.pp_size,
+            "alpha": args.alpha,
             "prompts_per_category": args.prompts,
             "max_new_tokens": args.new_tokens,
             "one_batch": args.one_batch,
-            **specbench(model, args.draft_head or [head], args),
+            **specbench(model, heads, args),
         }
-        print(json.dumps(res, indent=1))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(res, f, indent=1)
+        write(res, args.out)
         return 0
-    server_args = ["--pp-size", str(args.pp_size), "--spexis-draft-head", head]
-    if args.alpha:
-        server_args += ["--spexis-alpha", str(args.alpha)]
-    server = ServerProcess(server_args).wait_ready()
+    if len(heads) > 1:
+        ap.error("--workload lossless serves one head: pass --draft-head once")
+    head = heads[0]
+    server = ServerProcess(server_args(head, args)).wait_ready()
     try:
         prompts = lossless_prompts(model, args.prompts)
         before = stats(server)
@@ -148,7 +160,7 @@ def main() -> int:
         after = stats(server)
     finally:
         server.stop()
-    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], float)}
+    d = stat_deltas(before, after)
     rows = d["rows_normal"] + d["rows_spec"]
     theta = d["accepted"] / max(1, d["accepted"] + d["rejected"])
     res = {
@@ -176,10 +188,7 @@ def main() -> int:
     res["eq2_relative_error"] = round(
         res["tokens_per_row_measured"] / res["tokens_per_row_eq2"] - 1, 4
     )
-    print(json.dumps(res, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    write(res, args.out)
     return 0
 
 
