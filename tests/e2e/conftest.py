@@ -8,6 +8,7 @@ again if a later test asks for it).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Callable, Dict, List, Optional, Tuple
@@ -41,6 +42,7 @@ def exact(args: List[str]) -> List[str]:
 MODEL_MODULES = ("llama",)
 
 
+@functools.lru_cache(maxsize=None)
 def _other_model_modules() -> str:
     """The rest of ``sglang.srt.models``, for SGLang's ``SGLANG_DISABLED_MODEL_ARCHS``: its
     registry otherwise imports all ~200 model modules in every server process (~0.8 s of CPU

@@ -25,9 +25,8 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     dist = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
     args = exact(sp_args(2, trained_head, *dist))
     make_room()
-    node1 = ServerProcess(
-        args + ["--node-rank", "1"], env=server_env()
-    )  # no HTTP API: stage 1 only
+    # no HTTP API: stage 1 only
+    node1 = ServerProcess(args + ["--node-rank", "1"], env=server_env())
     node0 = None
     try:
         node0 = ServerProcess(args + ["--node-rank", "0"], env=server_env()).wait_ready()
