@@ -21,6 +21,11 @@ busy = the whole iteration (loop glue included).
     .venv/bin/python benchmark/cpu/sp_loop_overhead.py \
         --out benchmark/results/cpu_sp_loop_overhead.json
 
+On a GPU machine the same servers run with CUDA graphs (``--dtype bfloat16``, the GPU flags in
+``--server-args``; with one GPU both stages share it under ``SPEXIS_SHARE_GPU=1``): the GPU's
+times then mean nothing, but stage 0's scheduling and result processing are the host CPU work
+of the regime users serve in (see ``benchmark/gpu/loop_overhead.sh``).
+
 CPU numbers are thread CPU time on a shared 2-core box: the scheduler's own cost, not its wall
 time (waits and other processes' time are not in it).
 """
@@ -31,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import sys
 import tempfile
 import threading
@@ -39,7 +45,7 @@ from typing import Dict, List, Optional
 
 from spexis_sglang.cpu_support import activate
 
-activate()
+activated = activate()  # False on a GPU machine
 
 import requests  # noqa: E402
 
@@ -148,6 +154,9 @@ def measure(
         verdicts = d["accepted"] + d["rejected"]
         rec["acceptance_rate"] = round(d["accepted"] / verdicts, 3) if verdicts else None
         rec["tokens_per_iteration"] = round(d["tokens_committed"] / n, 1)
+        # decode batches replayed in CUDA graphs vs run eagerly (always eager on CPU)
+        rec["decode_graph_replays"] = d.get("decode_graph_replays")
+        rec["decode_eager_forwards"] = d.get("decode_eager_forwards")
     print(json.dumps(rec), flush=True)
     drain(server, kind)
     return rec
@@ -221,6 +230,10 @@ def main() -> int:
     ap.add_argument("--poll-s", type=float, default=1.5)
     ap.add_argument("--steady-timeout", type=float, default=300.0)
     ap.add_argument("--server-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--dtype", default="float32", help="float32 on CPU; bfloat16 on a GPU (no fp32 rmsnorm)"
+    )
+    ap.add_argument("--server-args", default="", help="more flags for both servers (GPU flags)")
     ap.add_argument("--only", choices=("sp", "stock"), default=None)
     ap.add_argument("--out", default=None, help=f"JSON result (e.g. {RESULT})")
     ap.add_argument(
@@ -243,13 +256,19 @@ def main() -> int:
     common = ["--model-path", model, "--load-format", "dummy", "--pp-size", str(args.pp_size)]
     # float32: CPU matmuls in float16 (the checkpoint's default here) are many times slower,
     # and SP's stage 0 runs the draft head's vocabulary projection on every row
-    common += ["--dtype", "float32"]
+    common += ["--dtype", args.dtype]
     # SGLang's warm-up request is text, whose token ids lie beyond the small vocabulary
     common += ["--skip-server-warmup"]
     common += ["--max-running-requests", str(b_max), "--random-seed", "0"]
     common += ["--max-total-tokens", str(b_max * (args.prompt_len + args.new_tokens + 16))]
+    common += shlex.split(args.server_args)
     sp = common + ["--spexis-draft-head", "random:0"]
     sp += ["--spexis-benchmark-force-accept", str(args.theta)]
+    device = "CPU"
+    if not activated:
+        import torch
+
+        device = torch.cuda.get_device_name(0)
     t0 = time.time()
     records = []
     if args.only != "sp":
@@ -269,7 +288,7 @@ def main() -> int:
         "script": "benchmark/cpu/sp_loop_overhead.py",
         "commands": commands,
         "model": f"tiny random Llama ({args.layers} layers, hidden 64, vocab {args.vocab}), dummy "
-        f"weights, PP={args.pp_size}, CPU",
+        f"weights, PP={args.pp_size}, {device}",
         "server_args": {
             kind: [tiny_model if a == model else a for a in server_args]
             for kind, server_args in (("stock", common), ("sp", sp))

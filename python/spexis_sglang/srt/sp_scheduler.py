@@ -82,6 +82,7 @@ from spexis_sglang.srt.config import (
     env_value,
     get_config,
 )
+from spexis_sglang.srt.host_staging import HostStaging
 from spexis_sglang.srt.input_validation import request_input_error
 from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
 from spexis_sglang.srt.profiling import DraftLog
@@ -177,6 +178,8 @@ class SPLoopState:
     released_since_filter: bool = False
     #: (running.reqs, their slots): rebuilt when the list changes
     running_slots: Optional[Tuple[list, np.ndarray]] = None
+    #: the batch metadata's host-to-device copy, through pinned buffers (a no-op on CPU)
+    staging: Optional[HostStaging] = None
 
 
 def _max_new_left(req: Req) -> int:
@@ -264,6 +267,8 @@ class SpexisScheduler(Scheduler):
             emit=SlotEmit(capacity, vocab),
             rank0=self.pp_group.is_first_rank,
             alpha=self._sp_make_alpha_controller(capacity),
+            # a decode batch's copy is done once its result is in, pp_loop_size launches later
+            staging=HostStaging(self.req_to_token_pool.device, depth=2 * self.pp_loop_size + 2),
         )
         if self.sp.alpha is not None:
             self.sp.alpha.update_stats(self.sp.stats)
@@ -633,7 +638,7 @@ class SpexisScheduler(Scheduler):
             host[4 * n : 4 * n + k] = rows.slot[need]
             host[4 * n + k :] = rows.position[need]
         meta_cpu = torch.from_numpy(host)
-        meta = meta_cpu.to(self.req_to_token_pool.device)
+        meta = self.sp.staging.to_device(meta_cpu)
         if k == 0:
             return meta_cpu, meta
         where = meta[4 * n :].view(2, k)

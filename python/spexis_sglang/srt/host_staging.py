@@ -1,0 +1,50 @@
+"""Host-to-device copies of the SP loop's per-iteration metadata that do not wait for the GPU.
+
+A ``.to(device)`` of a pageable host tensor synchronises the stream, and CUDA's wait spins a
+CPU core. On an H200 with CUDA graphs, stage 0's KV bookkeeping cost 0.45 ms of CPU per
+iteration at 256 rows (issue 12). :class:`HostStaging` copies through a ring of pinned buffers
+with ``non_blocking=True`` instead: the copy is queued on the current stream, ahead of the
+kernels that read it, and the scheduler goes on at once.
+
+No event guards a buffer's reuse (each CUDA call costs the scheduler tens of µs). The SP loop
+guarantees it instead: a decode batch's result is processed ``pp_loop_size`` launches after
+the batch, and only once its outputs have arrived, which needs the batch's forward pass on
+every stage, which ran after the batch's copy on the same stream order. So a copy is done
+before ``pp_loop_size`` more batches are staged; the ring is deeper than that.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+
+class HostStaging:
+    """A ring of ``depth`` pinned int64 buffers.
+
+    The caller guarantees that a copy has completed before ``depth`` more calls. On a CPU
+    device there is nothing to copy: :meth:`to_device` returns the host tensor.
+    """
+
+    def __init__(self, device, depth: int):
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self.depth = depth
+        self._buffers: List[Optional[torch.Tensor]] = [None] * depth
+        self._next = 0
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` (a 1-D int64 CPU tensor) on the device; ``host`` stays the caller's."""
+        if not self.pinned:
+            return host.to(self.device)
+        i = self._next
+        self._next = (i + 1) % self.depth
+        n = host.shape[0]
+        buf = self._buffers[i]
+        if buf is None or buf.shape[0] < n:
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = self._buffers[i] = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        staged = buf[:n]
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
