@@ -37,7 +37,7 @@ import json
 import logging
 import math
 import os
-import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -240,6 +240,7 @@ def main() -> int:
     head32 = {
         n: load_draft_head(d, base.config, exit_layer=args.exit_layer)[0] for n, d in heads.items()
     }
+    shutil.rmtree(tmp, ignore_errors=True)  # heads are in memory now
     lm_w32 = base.lm_head_weight.detach().float()
     # per condition: per head, per sequence, bool accept tensors over answer rows
     accept: dict[str, dict[str, list[torch.Tensor]]] = {}
@@ -306,7 +307,7 @@ def main() -> int:
             )
         agree[dname] = row
     res = {
-        "command": " ".join([rel(sys.argv[0])] + sys.argv[1:]),
+        "command": " ".join(rel(a) if os.path.isabs(a) else a for a in sys.argv),
         "heads": {n: rel(s) if os.path.isdir(s) else s for n, s in specs.items()},
         "pair": f"a={a_name}, b={names[1]}" if len(names) == 2 else f"a={a_name}",
         "exit_layer": args.exit_layer,
