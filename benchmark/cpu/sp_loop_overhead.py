@@ -186,6 +186,15 @@ def run_server(
         server.stop()
 
 
+def _recorded_path(arg: str) -> str:
+    """A path argument as the results record it: relative to the repository, never a
+    machine's absolute path (a file outside the checkout is recorded by its name)."""
+    if not os.path.isabs(arg):
+        return arg
+    rel = os.path.relpath(arg)
+    return os.path.basename(arg) if rel.startswith("..") else rel
+
+
 def table(records: List[Dict[str, object]]) -> str:
     """Markdown: per B, SP per iteration and stock per micro-batch step, ms and µs/row."""
     by = {(r["loop"], r["B"]): r for r in records}
@@ -275,7 +284,8 @@ def main() -> int:
         records += run_server("stock", common, args.batches, args.pp_size, args)
     if args.only != "stock":
         records += run_server("sp", sp, args.batches, args.pp_size, args)
-    commands = ["python benchmark/cpu/sp_loop_overhead.py " + " ".join(sys.argv[1:])]
+    argv = [_recorded_path(a) for a in sys.argv[1:]]
+    commands = ["python benchmark/cpu/sp_loop_overhead.py " + shlex.join(argv)]
     if args.merge and args.out and os.path.isfile(args.out):
         with open(args.out) as f:
             old = json.load(f)
