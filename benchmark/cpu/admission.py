@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -123,18 +124,25 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     return rec, out
 
 
-def compare(kv_tokens: int, prompts, args) -> dict:
-    """SGLang's admission, then look-ahead admission, on a KV pool of ``kv_tokens``."""
+def compare(kv_tokens: int, prompts, args, lookahead_first: bool = False) -> dict:
+    """SGLang's admission and look-ahead admission on a KV pool of ``kv_tokens`` (SGLang's
+    first unless ``lookahead_first``: repeats alternate the order, so that a drift of the box
+    between the two runs does not always favour the same one)."""
     model = ensure_default_model()
     base = ["--pp-size", "2", "--spexis-draft-head", bundled_draft_head(model, 2)]
     base += ["--max-total-tokens", str(kv_tokens), "--chunked-prefill-size", "256"]
     lookahead = base + ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
     lookahead += ["--spexis-admission-pdr", str(args.pdr)]
     load_start = [round(x, 1) for x in os.getloadavg()]
-    off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
-    on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
+    if lookahead_first:
+        on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
+        off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
+    else:
+        off, out_off = run_one("sp_admission_sglang", base, prompts, args.new_tokens)
+        on, out_on = run_one("sp_lookahead_admission", lookahead, prompts, args.new_tokens)
     return {
         "kv_tokens": kv_tokens,
+        "order": "lookahead first" if lookahead_first else "SGLang's admission first",
         "load_average_start": load_start,
         "runs": [off, on],
         "output_lengths": [len(o) for o in out_off],
@@ -157,6 +165,9 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=192)
     ap.add_argument("--kv-tokens", type=int, nargs="+", default=[1200, 800])
     ap.add_argument("--pdr", type=float, default=2.0)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="comparisons per pool, alternating the order"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -166,7 +177,7 @@ def main() -> int:
     prompts = lossless_prompts(ensure_default_model(), args.prompts)
     result = {
         "script": "benchmark/cpu/admission.py",
-        "argv": sys.argv[1:],
+        "argv": [repo_relative(a) for a in sys.argv[1:]],
         "model": "SmolLM2-135M-Instruct (bundled), PP=2, CPU",
         "prompts": args.prompts,
         "max_new_tokens": args.new_tokens,
@@ -174,13 +185,34 @@ def main() -> int:
         "pools": [],
     }
     for kv in args.kv_tokens:
-        pool = compare(kv, prompts, args)
-        result["pools"].append(pool)
-        print(json.dumps({k: v for k, v in pool.items() if k != "runs"}), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+        for rep in range(args.repeats):
+            pool = compare(kv, prompts, args, lookahead_first=rep % 2 == 1)
+            result["pools"].append(pool)
+            print(json.dumps({k: v for k, v in pool.items() if k != "runs"}), flush=True)
+            if args.repeats > 1:
+                result["repeat_summary"] = repeat_summary(result["pools"])
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
     return 0
+
+
+def repeat_summary(pools: list) -> dict:
+    """Per KV pool: the ratios of every repeat, their mean, median and range."""
+    out = {}
+    for kv in sorted({p["kv_tokens"] for p in pools}):
+        reps = [p for p in pools if p["kv_tokens"] == kv]
+        out[str(kv)] = {}
+        for key in ("throughput_ratio_lookahead_over_off", "tokens_per_cpu_s_ratio"):
+            vals = [p[key] for p in reps]
+            out[str(kv)][key] = {
+                "values": vals,
+                "mean": round(statistics.fmean(vals), 3),
+                "median": round(statistics.median(vals), 3),
+                "min": min(vals),
+                "max": max(vals),
+            }
+    return out
 
 
 if __name__ == "__main__":
