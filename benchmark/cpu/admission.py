@@ -41,7 +41,7 @@ import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
-from spexis_sglang.testing import ServerProcess, count_retractions  # noqa: E402
+from spexis_sglang.testing import ServerProcess, count_retractions, recorded_args  # noqa: E402
 
 #: decode latency per iteration on this CPU, T(rows) = a + b * rows seconds, measured in
 #: benchmark/results/cpu_alpha_auto.json ("common_latency_fit"): it prices each run's decode
@@ -74,16 +74,6 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def repo_relative(arg: str) -> str:
-    """A path inside the repository as the results record it: relative to the repository."""
-    if os.path.isabs(arg) and arg.startswith(REPO + os.sep):
-        return os.path.relpath(arg, REPO)
-    return arg
-
-
 def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     server = ServerProcess(server_args).wait_ready()
     try:
@@ -101,7 +91,7 @@ def run_one(name: str, server_args, prompts, new_tokens: int) -> dict:
     tokens = sum(len(o) for o in out)
     rec = {
         "name": name,
-        "server_args": [repo_relative(a) for a in server_args],
+        "server_args": recorded_args(server_args),
         "wall_s": round(wall, 2),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / wall, 2),
@@ -177,7 +167,7 @@ def main() -> int:
     prompts = lossless_prompts(ensure_default_model(), args.prompts)
     result = {
         "script": "benchmark/cpu/admission.py",
-        "argv": [repo_relative(a) for a in sys.argv[1:]],
+        "argv": recorded_args(sys.argv[1:]),
         "model": "SmolLM2-135M-Instruct (bundled), PP=2, CPU",
         "prompts": args.prompts,
         "max_new_tokens": args.new_tokens,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -31,20 +30,13 @@ from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
-from spexis_sglang.testing import ServerProcess  # noqa: E402
+from spexis_sglang.testing import ServerProcess, repo_relative  # noqa: E402
 
 
 def stats(server) -> dict:
     return requests.get(server.base_url + "/server_info", timeout=60).json()["internal_states"][0][
         "spexis"
     ]
-
-
-def rel(path: str) -> str:
-    """``path`` relative to the repository when inside it (results never record machine paths)."""
-    here = os.path.abspath(".")
-    path = os.path.abspath(path)
-    return os.path.relpath(path, here) if path.startswith(here + os.sep) else os.path.basename(path)
 
 
 def server_args(head: str, args) -> list:
@@ -110,9 +102,10 @@ def specbench(model: str, heads: list, args) -> dict:
             server.stop()
         if not args.one_batch:
             per["avg"] = round(sum(per[c]["acceptance"] for c in CATEGORIES) / len(CATEGORIES), 4)
-        out[rel(head)] = per
+        out[repo_relative(head)] = per
         print(
-            rel(head), json.dumps({c: per[c] if c == "avg" else per[c]["acceptance"] for c in per})
+            repo_relative(head),
+            json.dumps({c: per[c] if c == "avg" else per[c]["acceptance"] for c in per}),
         )
     identical = all(all(o == outs[0] for o in outs) for outs in outputs.values())
     return {"per_head": out, "outputs_identical_across_heads": identical}
@@ -167,7 +160,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "pp_size": args.pp_size,
         "alpha": args.alpha,
-        "draft_head": rel(head),
+        "draft_head": repo_relative(head),
         "prompts": args.prompts,
         "new_tokens": args.new_tokens,
         "wall_s": round(wall, 1),

@@ -50,7 +50,7 @@ activated = activate()  # False on a GPU machine
 import requests  # noqa: E402
 
 from spexis_sglang.srt.stats import PHASE_TIMERS_ENV, SP_PHASES  # noqa: E402
-from spexis_sglang.testing import ServerProcess  # noqa: E402
+from spexis_sglang.testing import ServerProcess, recorded_args  # noqa: E402
 
 RESULT = "benchmark/results/cpu_sp_loop_overhead.json"
 # the model directory as recorded: made by tests/e2e/tiny_model.py's make_tiny_llama
@@ -186,15 +186,6 @@ def run_server(
         server.stop()
 
 
-def _recorded_path(arg: str) -> str:
-    """A path argument as the results record it: relative to the repository, never a
-    machine's absolute path (a file outside the checkout is recorded by its name)."""
-    if not os.path.isabs(arg):
-        return arg
-    rel = os.path.relpath(arg)
-    return os.path.basename(arg) if rel.startswith("..") else rel
-
-
 def table(records: List[Dict[str, object]]) -> str:
     """Markdown: per B, SP per iteration and stock per micro-batch step, ms and µs/row."""
     by = {(r["loop"], r["B"]): r for r in records}
@@ -284,7 +275,7 @@ def main() -> int:
         records += run_server("stock", common, args.batches, args.pp_size, args)
     if args.only != "stock":
         records += run_server("sp", sp, args.batches, args.pp_size, args)
-    argv = [_recorded_path(a) for a in sys.argv[1:]]
+    argv = recorded_args(sys.argv[1:])
     commands = ["python benchmark/cpu/sp_loop_overhead.py " + shlex.join(argv)]
     if args.merge and args.out and os.path.isfile(args.out):
         with open(args.out) as f:

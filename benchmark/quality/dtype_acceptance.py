@@ -66,13 +66,6 @@ def head_dir(spec: str, tmp: str) -> str:
     return out
 
 
-def rel(path: str) -> str:
-    """``path`` relative to the repository when inside it (results never record machine paths)."""
-    here = os.path.abspath(".")
-    path = os.path.abspath(path)
-    return os.path.relpath(path, here) if path.startswith(here + os.sep) else os.path.basename(path)
-
-
 @torch.no_grad()
 def exit_features(
     model: torch.nn.Module, ids: list[int], exit_layer: int, rows: slice
@@ -200,6 +193,7 @@ def main() -> int:
     from spexis_sglang.data.mix import CATEGORIES, evaluation_mix
     from spexis_sglang.default_model import ensure_default_model
     from spexis_sglang.models.draft_head import load_draft_head
+    from spexis_sglang.testing import recorded_args, repo_relative
     from spexis_sglang.train.collect import chat_ids, generate_greedy, load_base_model
 
     specs = dict(h.split("=", 1) for h in args.head)
@@ -307,8 +301,8 @@ def main() -> int:
             )
         agree[dname] = row
     res = {
-        "command": " ".join(rel(a) if os.path.isabs(a) else a for a in sys.argv),
-        "heads": {n: rel(s) if os.path.isdir(s) else s for n, s in specs.items()},
+        "command": " ".join(recorded_args(sys.argv)),
+        "heads": {n: repo_relative(s) if os.path.isdir(s) else s for n, s in specs.items()},
         "pair": f"a={a_name}, b={names[1]}" if len(names) == 2 else f"a={a_name}",
         "exit_layer": args.exit_layer,
         "prompts_per_category": args.prompts,

@@ -57,6 +57,20 @@ def count_retractions(log_text: str) -> int:
     return log_text.count(SPEXIS_RETRACT_LINE) + stock
 
 
+def repo_relative(path: str) -> str:
+    """``path`` as a benchmark result records it: relative to the repository (the working
+    directory benchmarks run from) when inside it, else its file name. Results never record a
+    machine's paths."""
+    here = os.path.abspath(".")
+    path = os.path.abspath(path)
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else os.path.basename(path)
+
+
+def recorded_args(args: List[str]) -> List[str]:
+    """A command line as a result records it: every absolute path through :func:`repo_relative`."""
+    return [repo_relative(a) if os.path.isabs(a) else a for a in args]
+
+
 def free_port() -> int:
     rng = random.SystemRandom()
     for _ in range(100):

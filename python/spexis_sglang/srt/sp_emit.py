@@ -65,6 +65,8 @@ class SlotEmit:
         self._stops_apply = np.zeros(capacity, dtype=bool)
         #: a token id that some request admitted so far stops on (a superset: never cleared)
         self._stop_token = np.zeros(self.vocab_size, dtype=bool)
+        #: ``_stop_token.any()``, kept beside it (set where it is) so that the per-batch
+        #: prefilter skips the lookup without a vocabulary-sized scan
         self._any_stop = False
         #: every token goes to stream_output (streaming, or a batch-wide output flag)
         self._always_stream = np.zeros(capacity, dtype=bool)
