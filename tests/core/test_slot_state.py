@@ -548,3 +548,23 @@ def test_drop_counts_only_pending_drafts() -> None:
     assert ss.stats.drafts_dropped == 1
     with pytest.raises(SlotStateError):
         ss.drop([2])  # not admitted
+
+
+def test_a_plan_made_stale_by_an_event_is_checked_row_by_row() -> None:
+    """Launching the rows of next_rows skips the per-row checks only while nothing has
+    changed since they were planned (Rows.plan); any event in between brings them back."""
+    ss = SlotState(capacity=4, depth=2)
+    ss.admit([0, 1], verified_len=[3, 4], last_token=[7, 8])
+    r = ss.next_rows()
+    assert r.plan >= 0 and r.take(r.slot == 1).plan == r.plan  # a masked subset: still a plan
+    assert r.take(np.array([1, 0])).plan == -1  # reordered: not the state's plan
+    ss.release(1)  # after planning: slot 1's row is no longer launchable
+    with pytest.raises(SlotStateError, match="not active"):
+        ss.on_launch(r)
+    ss.on_launch(r.take(r.slot == 0))  # the checks pass for what is still valid
+    ss.on_draft(np.array([0]), np.array([2]), r.epoch[:1], [5], [0.5])
+    spec = ss.next_rows()
+    assert spec.is_spec.tolist() == [True]
+    ss.drop(0)  # the draft is declined after planning: its row must not launch
+    with pytest.raises(SlotStateError, match="not the planned one"):
+        ss.on_launch(spec)

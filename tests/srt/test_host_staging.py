@@ -1,9 +1,12 @@
-"""HostStaging: the SP loop's metadata reaches the device intact, whatever the host does next."""
+"""HostStaging / HostReadback: the SP loop's metadata reaches the device, and its drafts the
+host, intact, whatever the host does next; the packed drafts unpack exactly."""
 
+import numpy as np
 import pytest
 import torch
 
-from spexis_sglang.srt.host_staging import HostStaging
+from spexis_sglang.srt.host_staging import HostReadback, HostStaging
+from spexis_sglang.srt.protocol import pack_drafts, unpack_drafts
 
 
 def test_cpu_device_is_the_host_tensor():
@@ -30,3 +33,43 @@ def test_cuda_copies_survive_host_reuse_and_ring_wrap():
     torch.cuda.synchronize()
     for out, w in zip(outs, want):
         assert out.device.type == "cuda" and torch.equal(out.cpu(), w)
+
+
+def test_packed_drafts_unpack_exactly():
+    ids = torch.tensor([0, 1, 49151, 128255, 2**40 + 3], dtype=torch.int64)
+    conf = torch.tensor([0.0, 1.0, 1e-8, 0.3333333, 0.99999994], dtype=torch.float32)
+    buckets = torch.tensor([-1, 0, 1, 2, 4], dtype=torch.int64)
+    for b in (buckets, None):
+        got_ids, got_conf, got_buckets = unpack_drafts(pack_drafts(ids, conf, b).numpy())
+        assert got_ids.dtype == np.int64 and got_ids.tolist() == ids.tolist()
+        # the float32 confidence widened, bit for bit, as the scheduler read it before
+        assert got_conf.dtype == np.float64
+        assert got_conf.tolist() == conf.numpy().astype(np.float64).tolist()
+        want = buckets.tolist() if b is not None else [-1] * 5
+        assert got_buckets.dtype == np.int64 and got_buckets.tolist() == want
+
+
+def test_cpu_readback_is_the_source():
+    src = pack_drafts(torch.arange(4), torch.ones(4))
+    host, event = HostReadback("cpu", depth=2).start(src)
+    assert event is None and host is src
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_readback_holds_the_values_of_its_moment():
+    readback = HostReadback("cuda", depth=3)
+    # more copies than buffers and growing sizes (a buffer is reallocated); the device tensor
+    # is overwritten right after each copy is queued, and each copy is read before the ring
+    # comes back to its buffer (the SP loop reads a batch's drafts when it builds the next)
+    for i in range(8):
+        n = 2 * i + 1
+        src = pack_drafts(
+            torch.arange(n, device="cuda") * (i + 1),
+            torch.full((n,), 0.5 ** (i + 1), device="cuda"),
+        )
+        want = src.cpu()
+        host, event = readback.start(src)
+        src.fill_(-7)
+        event.synchronize()
+        assert host.device.type == "cpu" and host.is_pinned()
+        assert torch.equal(host, want)

@@ -36,6 +36,12 @@ checking its slots: one order check per batch, where ``SPState`` checks every ro
 has at most one row per batch, so the rows of a batch update distinct slots and one pass of
 numpy operations processes them all.
 
+Every event that changes the state bumps a version; :meth:`SlotState.next_rows` stamps the rows
+it plans with it (``Rows.plan``, kept by a boolean :meth:`Rows.take`). Launching rows stamped
+with the current version skips the per-row checks that they are the planned ones (nothing
+changed since they were planned, and a subset of a plan is a plan); any other rows are checked
+row by row, as before. The depth check runs either way.
+
 Useless drafts
 --------------
 ``admit(..., limit=L)``: the request stops at ``L`` tokens (prompt + ``max_new_tokens``, or the
@@ -129,6 +135,10 @@ _STALE, _APPENDED, _ACCEPTED, _REJECTED = (
 _ACCEPTED8, _REJECTED8, _APPENDED8 = (np.int8(v) for v in (_ACCEPTED, _REJECTED, _APPENDED))
 
 
+#: the per-row arrays of :class:`Rows`, in order
+_ROW_ARRAYS = ("slot", "position", "epoch", "is_spec", "token", "confidence")
+
+
 def _i64(x: object) -> np.ndarray:
     if type(x) is np.ndarray and x.dtype == np.int64 and x.ndim == 1:
         return x
@@ -150,12 +160,18 @@ class Rows:
     is_spec: np.ndarray  # bool
     token: np.ndarray  # int64
     confidence: np.ndarray  # float64
+    #: the state version that planned these rows (:meth:`SlotState.next_rows`); -1: not a
+    #: plan of the state (built or reordered by the caller), so a launch checks every row
+    plan: int = -1
 
     def __len__(self) -> int:
         return int(self.slot.shape[0])
 
     def take(self, index: np.ndarray) -> Rows:
-        """The rows selected by a boolean mask or an index array (in that order)."""
+        """The rows selected by a boolean mask or an index array (in that order).
+
+        A mask keeps a plan a plan (a subset of planned rows is planned); an index array may
+        repeat or reorder rows, so its rows are no longer the state's plan."""
         return Rows(
             self.slot[index],
             self.position[index],
@@ -163,6 +179,7 @@ class Rows:
             self.is_spec[index],
             self.token[index],
             self.confidence[index],
+            self.plan if getattr(index, "dtype", None) == np.bool_ else -1,
         )
 
     def without(self, slots: np.ndarray) -> Rows:
@@ -242,6 +259,9 @@ class SlotState:
         self._arange = np.arange(c, dtype=np.int64)
         self._batches: deque[Rows] = deque()
         self._drained: list[np.ndarray] = []
+        # bumped by every event that changes the state: rows planned at this version are
+        # still the plan (Rows.plan; on_launch skips its per-row checks for them)
+        self._version = 0
         self.stats = SPStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -272,6 +292,7 @@ class SlotState:
                 "before their release; wait until pop_drained() reports them"
             )
         self._check_unique(s)
+        self._version += 1
         self._status[s] = _ACTIVE
         self._verified[s] = v
         self._last[s] = tok
@@ -292,6 +313,7 @@ class SlotState:
         if s.size == 0:
             return
         self._check_unique(s)
+        self._version += 1
         self._has_pending[s] = False
         idle = self._inflight[s] == 0
         self._status[s] = np.where(idle, _FREE, _DRAINING)
@@ -428,6 +450,7 @@ class SlotState:
             spec &= f - v < self.max_unverified
         useless = spec & (f + 1 >= self._limit[s])
         if useless.any():
+            self._version += 1
             self._has_pending[s[useless]] = False
             self.stats.drafts_dropped += int(np.count_nonzero(useless))
             spec &= ~useless
@@ -436,12 +459,13 @@ class SlotState:
             s, f, spec = s[keep], f[keep], spec[keep]
         token = np.where(spec, self._pending_tok[s], self._last[s])
         conf = np.where(spec, self._pending_conf[s], 1.0)
-        return Rows(s, f, self._epoch[s], spec, token, conf)
+        return Rows(s, f, self._epoch[s], spec, token, conf, self._version)
 
     def drop(self, slots: np.ndarray | int) -> None:
         """Decline the pending drafts of these requests (``SPState.drop_draft``): they wait
         for verification. Remove their rows from the batch as well (:meth:`Rows.without`)."""
         s = self._active(slots)
+        self._version += 1
         had = self._has_pending[s]
         self.stats.drafts_dropped += int(np.count_nonzero(had))
         self._has_pending[s] = False
@@ -466,11 +490,16 @@ class SlotState:
         if drops.size == 0:
             return rows, np.empty(0, dtype=np.int64)
         dropped = cs[drops]
+        planned = rows.plan == self._version
+        self._version += 1
         self._has_pending[dropped] = False
         self.stats.drafts_dropped += int(dropped.size)
         keep = np.ones(len(rows), dtype=bool)
         keep[cand[drops]] = False
-        return rows.take(keep), dropped
+        kept = rows.take(keep)
+        if planned:  # the kept rows are untouched by the drops: still the plan
+            kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)
+        return kept, dropped
 
     # ------------------------------------------------------------------ events
     def on_launch(self, rows: Rows) -> None:
@@ -488,9 +517,12 @@ class SlotState:
                 if getattr(rows, name).shape != (n,):
                     raise SlotStateError(f"rows.{name} has shape {getattr(rows, name).shape}")
         inflight = self._inflight[s]
-        if n:
+        if n and rows.plan != self._version:
             self._check_unique(s)
             self._check_launch(rows, s, inflight)
+        elif n and int(inflight.max()) >= self.depth:
+            self._launch_error(rows, s)
+        self._version += 1
         # Every row's token and confidence go to the ring at its position: a speculative
         # row's are the launched draft read back until it is verified; a normal row launches
         # when the request has no unverified draft (frontier V - 1), so its column holds
@@ -577,6 +609,7 @@ class SlotState:
             & (p + 1 == f)
             & (f >= self._verified[s])
         )
+        self._version += 1
         if ok.all():  # the drafts of the batch just launched: every one is recorded
             self._has_pending[s] = True
             self._pending_tok[s] = tokens
@@ -636,6 +669,7 @@ class SlotState:
                 f"{self._verified[vs[bad][0]]} tokens are verified"
             )
         self._batches.popleft()
+        self._version += 1
 
         # every row leaves the pipe; draining slots whose last row this was are free again
         self._inflight[s] -= 1

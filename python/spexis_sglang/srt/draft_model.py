@@ -59,7 +59,13 @@ from sglang.srt.runtime_context import get_exec
 from torch import nn
 
 from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value
-from spexis_sglang.srt.protocol import PROXY_DRAFT_CONF, PROXY_DRAFT_IDS, PROXY_LENGTH_BUCKET
+from spexis_sglang.srt.protocol import (
+    PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HOST,
+    PROXY_DRAFT_IDS,
+    PROXY_LENGTH_BUCKET,
+    pack_drafts,
+)
 from spexis_sglang.srt.sp_grammar import draft_mask_of
 
 logger = logging.getLogger(__name__)
@@ -594,15 +600,19 @@ class _SpexisDraftMixin:
             out[PROXY_DRAFT_CONF] = torch.zeros(0, dtype=torch.float32, device=hidden.device)
             if self._spexis_length_path is not None:
                 out[PROXY_LENGTH_BUCKET] = torch.zeros(0, dtype=torch.int64, device=hidden.device)
+            out[PROXY_DRAFT_HOST] = torch.zeros((0, 3), dtype=torch.float64, device=hidden.device)
             return out
         ids, conf, last = self.spexis_draft_head(
             hidden, residual, positions, forward_batch, self.model.embed_tokens.weight
         )
         out[PROXY_DRAFT_IDS] = ids
         out[PROXY_DRAFT_CONF] = conf
+        buckets = None
         if self._spexis_length_path is not None:
             x = hidden if residual is None else hidden + residual
-            out[PROXY_LENGTH_BUCKET] = self._spexis_length_buckets(x[last])
+            out[PROXY_LENGTH_BUCKET] = buckets = self._spexis_length_buckets(x[last])
+        # what stage 0's scheduler reads back, in one block (inside the graph when captured)
+        out[PROXY_DRAFT_HOST] = pack_drafts(ids, conf, buckets)
         if self._spexis_trace_path:
             self._spexis_trace(forward_batch, positions, last, ids, conf)
         return out

@@ -1,4 +1,5 @@
-"""Host-to-device copies of the SP loop's per-iteration metadata that do not wait for the GPU.
+"""Copies between host and device in the SP loop that do not wait for the GPU: the per-iteration
+metadata up (:class:`HostStaging`), stage 0's drafts back (:class:`HostReadback`).
 
 A ``.to(device)`` of a pageable host tensor synchronises the stream, and CUDA's wait spins a
 CPU core. On an H200 with CUDA graphs, stage 0's KV bookkeeping cost 0.45 ms of CPU per
@@ -15,7 +16,7 @@ before ``pp_loop_size`` more batches are staged; the ring is deeper than that.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -48,3 +49,47 @@ class HostStaging:
         staged = buf[:n]
         staged.copy_(host)
         return staged.to(self.device, non_blocking=True)
+
+
+class HostReadback:
+    """Device-to-host copies that do not wait: a ring of ``depth`` pinned buffers, each with
+    its own reusable event.
+
+    :meth:`start` queues the copy on the current stream and records the buffer's event after
+    it; the reader synchronizes on that event before reading. The caller guarantees that a
+    buffer has been read before ``depth`` more copies start. On a CPU device nothing is
+    copied: the source itself is returned, with no event.
+    """
+
+    def __init__(self, device, depth: int):
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self.depth = depth
+        self._buffers: List[Optional[torch.Tensor]] = [None] * depth
+        self._events: List[Optional[torch.cuda.Event]] = [None] * depth
+        self._next = 0
+
+    def start(self, src: torch.Tensor) -> Tuple[torch.Tensor, Optional["torch.cuda.Event"]]:
+        """``src`` (contiguous) on the host once the returned event has completed."""
+        if not self.pinned:
+            return src, None
+        i = self._next
+        self._next = (i + 1) % self.depth
+        n = src.shape[0]
+        buf = self._buffers[i]
+        if (
+            buf is None
+            or buf.shape[0] < n
+            or buf.shape[1:] != src.shape[1:]
+            or buf.dtype != src.dtype
+        ):
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = torch.empty((size, *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+            self._buffers[i] = buf
+        dst = buf[:n]
+        dst.copy_(src, non_blocking=True)
+        event = self._events[i]
+        if event is None:
+            event = self._events[i] = torch.cuda.Event()
+        event.record()
+        return dst, event

@@ -8,7 +8,10 @@ nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
 
 #: stage 0's draft per row (int64 ``[rows]``) and its confidence (float32 ``[rows]``): they go
 #: down the pipe with the hidden states and come back from the last stage with the true tokens
@@ -17,8 +20,13 @@ PROXY_DRAFT_CONF = "spexis_draft_conf"
 #: stage 0's remaining-length bucket per row (with --spexis-length-predictor); read by stage 0's
 #: scheduler only, never sent down the pipe
 PROXY_LENGTH_BUCKET = "spexis_length_bucket"
+#: stage 0's drafts packed for the host (:func:`pack_drafts`): one device-to-host copy per
+#: iteration instead of one per tensor; read by stage 0's scheduler only, never sent down
+PROXY_DRAFT_HOST = "spexis_draft_host"
 #: every proxy key of ours starts with this (what the later stages keep from a received proxy)
 PROXY_PREFIX = "spexis_"
+#: stage 0's own proxy keys, dropped before the proxy goes down the pipe
+PROXY_STAGE0_ONLY = (PROXY_LENGTH_BUCKET, PROXY_DRAFT_HOST)
 
 #: the input token of a speculative row on ranks that never see drafts (only stage 0 embeds)
 PLACEHOLDER_TOKEN = 0
@@ -28,6 +36,28 @@ FORCED_LABEL = "spexis_benchmark_forced_acceptance"
 #: sampling_params.custom_params key: a request's own forced acceptance (benchmark mode only),
 #: so one server sweeps several values of theta without a restart
 FORCE_ACCEPT_PARAM = "spexis_force_accept"
+
+
+def pack_drafts(
+    ids: torch.Tensor, conf: torch.Tensor, buckets: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``[rows, 3]`` float64: draft id, confidence, length bucket (-1 without a predictor).
+
+    Exact: ids and buckets are integers far below 2**53, confidences float32. Rows are
+    contiguous, so a CUDA-graph replay's padded output sliced to the batch stays one block."""
+    if buckets is None:
+        buckets = torch.full_like(ids, -1)
+    return torch.stack((ids.double(), conf.double(), buckets.double()), dim=1)
+
+
+def unpack_drafts(packed: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pack_drafts`' columns on the host, copied: ids (int64), confidences (float64),
+    buckets (int64)."""
+    return (
+        packed[:, 0].astype(np.int64),
+        packed[:, 1].copy(),
+        packed[:, 2].astype(np.int64),
+    )
 
 
 @dataclass

@@ -82,7 +82,7 @@ from spexis_sglang.srt.config import (
     env_value,
     get_config,
 )
-from spexis_sglang.srt.host_staging import HostStaging
+from spexis_sglang.srt.host_staging import HostReadback, HostStaging
 from spexis_sglang.srt.input_validation import request_input_error
 from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
 from spexis_sglang.srt.profiling import DraftLog
@@ -91,11 +91,15 @@ from spexis_sglang.srt.protocol import (
     FORCED_LABEL,
     PLACEHOLDER_TOKEN,
     PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HOST,
     PROXY_DRAFT_IDS,
     PROXY_LENGTH_BUCKET,
     PROXY_PREFIX,
+    PROXY_STAGE0_ONLY,
     SpexisPlan,
+    pack_drafts,
     relay_payload,
+    unpack_drafts,
 )
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
@@ -118,27 +122,26 @@ __all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler", "SpexisStats
 class _PendingDrafts:
     """The drafts of one launched decode batch, read when the next batch is built.
 
-    On a GPU stage 0 copies them to the host on the copy stream; :meth:`read` waits for that
-    copy, so nobody touches the host tensors early. Ranks that never see drafts hold
-    placeholders."""
+    On a GPU they come back to the host in one copy queued behind the forward
+    (:class:`HostReadback`); :meth:`read` waits for it, so nobody reads the buffer early.
+    Ranks that never see drafts hold placeholders."""
 
-    def __init__(self, rows: Rows, ids=None, conf=None, buckets=None, event=None, sources=()):
+    def __init__(self, rows: Rows, packed=None, event=None, source=None, buckets=False):
         self.rows = rows
-        self._ids, self._conf, self._buckets = ids, conf, buckets
+        self._packed = packed  # pack_drafts' layout, on the host once the event is done
         self._event = event
-        self._sources = sources  # keeps the copy's device tensors alive until it is read
+        self._source = source  # keeps the copy's device tensor alive until it is read
+        self._buckets = buckets
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Draft ids, confidences and (stage 0 with a predictor) length buckets, per row."""
         n = len(self.rows)
-        if self._ids is None:
+        if self._packed is None:
             return np.full(n, PLACEHOLDER_TOKEN, dtype=np.int64), np.ones(n), None
         if self._event is not None:
             self._event.synchronize()
-        ids = self._ids.numpy().astype(np.int64, copy=False)
-        conf = self._conf.float().numpy().astype(np.float64)
-        buckets = None if self._buckets is None else self._buckets.numpy()
-        return ids, conf, buckets
+        ids, conf, buckets = unpack_drafts(self._packed.numpy())
+        return ids, conf, buckets if self._buckets else None
 
 
 @dataclass
@@ -180,6 +183,8 @@ class SPLoopState:
     running_slots: Optional[Tuple[list, np.ndarray]] = None
     #: the batch metadata's host-to-device copy, through pinned buffers (a no-op on CPU)
     staging: Optional[HostStaging] = None
+    #: the drafts' device-to-host copy, into pinned buffers (a no-op on CPU)
+    readback: Optional[HostReadback] = None
 
 
 def _max_new_left(req: Req) -> int:
@@ -269,6 +274,8 @@ class SpexisScheduler(Scheduler):
             alpha=self._sp_make_alpha_controller(capacity),
             # a decode batch's copy is done once its result is in, pp_loop_size launches later
             staging=HostStaging(self.req_to_token_pool.device, depth=2 * self.pp_loop_size + 2),
+            # a batch's drafts are read when the next decode batch is built
+            readback=HostReadback(self.req_to_token_pool.device, depth=2 * self.pp_loop_size + 2),
         )
         if self.sp.alpha is not None:
             self.sp.alpha.update_stats(self.sp.stats)
@@ -469,7 +476,8 @@ class SpexisScheduler(Scheduler):
     def _sp_send_proxy(self, batch: ScheduleBatch, result) -> None:
         self.device_module.current_stream().wait_event(self.launch_event)
         tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
-        tensors.pop(PROXY_LENGTH_BUCKET, None)  # stage 0's own
+        for key in PROXY_STAGE0_ONLY:
+            tensors.pop(key, None)
         for k, v in getattr(batch, "spexis_extras", {}).items():
             tensors.setdefault(k, v)
         self.send_proxy_work = self._pp_send_dict_to_next_stage(
@@ -619,51 +627,62 @@ class SpexisScheduler(Scheduler):
         st.decode_iterations += 1
         return self._sp_decode_batch(rows, *meta)
 
-    def _sp_alloc_kv(self, rows: Rows) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _sp_alloc_kv(self, rows: Rows) -> Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]:
         """A new KV slot for every row that writes past its request's KV (one alloc, one
         index write). While a request decodes under SP, its KV length is the SlotState's
         (``allocated_len``), not ``req.kv.kv_allocated_len``.
 
-        Returns the batch's metadata on the host and on the device, one copy for both uses:
-        tokens, slots, positions, sequence lengths (``n`` each), then the slots and positions
-        of the rows that take a new KV slot (see ``_sp_decode_batch``)."""
+        Returns the batch's metadata on the host and on the device, one copy for both uses,
+        as views (one ``split``): tokens, slots, positions, sequence lengths (``n``
+        each), the lengths again as int32 (two to an int64: ``orig_seq_lens`` without a cast
+        kernel), then the slots and positions of the rows that take a new KV slot (``k`` each;
+        see ``_sp_decode_batch``)."""
         need = self.sp.slots.needs_slot(rows)
         n, k = len(rows), int(np.count_nonzero(need))
-        host = np.empty(4 * n + 2 * k, dtype=np.int64)
+        h = (n + 1) // 2
+        host = np.empty(4 * n + h + 2 * k, dtype=np.int64)
         host[:n] = rows.token
         host[n : 2 * n] = rows.slot
         host[2 * n : 3 * n] = rows.position
-        np.add(rows.position, 1, out=host[3 * n : 4 * n])
+        lens = host[3 * n : 4 * n]
+        np.add(rows.position, 1, out=lens)
+        host[4 * n : 4 * n + h].view(np.int32)[:n] = lens
         if k:
-            host[4 * n : 4 * n + k] = rows.slot[need]
-            host[4 * n + k :] = rows.position[need]
+            host[4 * n + h : 4 * n + h + k] = rows.slot[need]
+            host[4 * n + h + k :] = rows.position[need]
         meta_cpu = torch.from_numpy(host)
         meta = self.sp.staging.to_device(meta_cpu)
+        sizes = (n, n, n, n, h, k, k)
+        parts = meta.split(sizes)  # one call for every view
+        parts_cpu = parts if meta is meta_cpu else meta_cpu.split(sizes)
         if k == 0:
-            return meta_cpu, meta
-        where = meta[4 * n :].view(2, k)
+            return parts_cpu, parts
+        new_slot_of, new_position = parts[5], parts[6]
         if self.token_to_kv_pool_allocator.page_size == 1:
             new_slots = self.token_to_kv_pool_allocator.alloc(k)
         else:
-            new_slots = self._sp_alloc_paged(where, host[4 * n + k :])
+            new_slots = self._sp_alloc_paged(new_slot_of, new_position, host[4 * n + h + k :])
         if new_slots is None:
             raise RuntimeError("Spexis: KV allocation failed after the memory check")
         req_to_token = self.req_to_token_pool.req_to_token
-        req_to_token[where[0], where[1]] = new_slots.to(req_to_token.dtype)
+        req_to_token[new_slot_of, new_position] = new_slots.to(req_to_token.dtype)
         # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
-        return meta_cpu, meta
+        return parts_cpu, parts
 
-    def _sp_alloc_paged(self, where: torch.Tensor, positions: np.ndarray) -> Optional[torch.Tensor]:
+    def _sp_alloc_paged(
+        self, slot_of: torch.Tensor, position: torch.Tensor, positions: np.ndarray
+    ) -> Optional[torch.Tensor]:
         """KV slots for new positions with ``--page-size > 1`` (SGLang's ``alloc_decode``
         rule): a position that opens a page takes a fresh page's first slot, any other
         continues its predecessor's page. A new position is always the request's next one
         (``needs_slot``: KV covers every position below it), so the predecessor's slot is
-        set, by the prefill or by an earlier SP row."""
+        set, by the prefill or by an earlier SP row. ``slot_of`` and ``position`` are on the
+        device, ``positions`` the same positions on the host."""
         allocator = self.token_to_kv_pool_allocator
         page = allocator.page_size
-        opens = torch.from_numpy(positions % page == 0).to(where.device)
+        opens = torch.from_numpy(positions % page == 0).to(position.device)
         req_to_token = self.req_to_token_pool.req_to_token
-        new_slots = req_to_token[where[0], (where[1] - 1).clamp_min(0)].to(torch.int64) + 1
+        new_slots = req_to_token[slot_of, (position - 1).clamp_min(0)].to(torch.int64) + 1
         n_pages = int(opens.sum())
         if n_pages:
             pages = allocator.alloc(n_pages * page)
@@ -673,7 +692,7 @@ class SpexisScheduler(Scheduler):
         return new_slots
 
     def _sp_decode_batch(
-        self, rows: Rows, meta_cpu: torch.Tensor, meta: torch.Tensor
+        self, rows: Rows, meta_cpu: Tuple[torch.Tensor, ...], meta: Tuple[torch.Tensor, ...]
     ) -> ScheduleBatch:
         """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
         copy of ids, slots, positions and lengths; the tensors are views of it)."""
@@ -711,16 +730,15 @@ class SpexisScheduler(Scheduler):
         batch.forward_mode = ForwardMode.DECODE
         n = len(rows)
         req_to_token = self.req_to_token_pool.req_to_token
-        batch.input_ids = meta[:n]
-        batch.req_pool_indices_cpu = meta_cpu[n : 2 * n]
-        batch.req_pool_indices = meta[n : 2 * n]
-        batch.seq_lens_cpu = meta_cpu[3 * n : 4 * n]
-        batch.seq_lens = meta[3 * n : 4 * n]
-        batch.orig_seq_lens = batch.seq_lens.to(torch.int32)
+        ids, slots, positions, lens, lens32 = meta[:5]
+        batch.input_ids = ids
+        batch.req_pool_indices_cpu = meta_cpu[1]
+        batch.req_pool_indices = slots
+        batch.seq_lens_cpu = meta_cpu[3]
+        batch.seq_lens = lens
+        batch.orig_seq_lens = lens32.view(torch.int32)[:n]
         batch.seq_lens_sum = int(rows.position.sum()) + n
-        batch.out_cache_loc = req_to_token[batch.req_pool_indices, meta[2 * n : 3 * n]].to(
-            torch.int64
-        )
+        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
         if self.sp.sampling is not None:
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         batch.spexis_kind = "decode"
@@ -886,36 +904,26 @@ class SpexisScheduler(Scheduler):
         else:
             stats.decode_eager_forwards += 1
         rows: Rows = batch.spexis_rows
+        n = len(rows)  # a CUDA-graph replay returns its outputs padded to its batch bucket
+        has_buckets = False
         if self.sp.rank0:
             tensors = result.pp_hidden_states_proxy_tensors.tensors
+            packed = tensors[PROXY_DRAFT_HOST][:n]
+            has_buckets = PROXY_LENGTH_BUCKET in tensors
         elif getattr(batch, "spexis_needs_drafts", False):
             # The last stage penalises rows by the drafts they are built on (sp_penalties):
             # it takes the drafts' values from the proxy they came down the pipe with.
-            tensors = batch.spexis_extras
+            extras = batch.spexis_extras
+            packed = pack_drafts(extras[PROXY_DRAFT_IDS][:n], extras[PROXY_DRAFT_CONF][:n])
         else:
             self.sp.pending_drafts.append(_PendingDrafts(rows))
             if self.sp_sync_draft_read:
                 self.sp_apply_drafts()
             return
-        # a CUDA-graph replay returns them padded to its batch bucket
-        n = len(rows)
-        ids, conf = tensors[PROXY_DRAFT_IDS][:n], tensors[PROXY_DRAFT_CONF][:n]
-        buckets = tensors.get(PROXY_LENGTH_BUCKET)
-        buckets = None if buckets is None else buckets[:n]
-        sources = (ids, conf, buckets)
-        event = None
-        if ids.device.type != "cpu" and not self.sp_sync_draft_read:
-            with self.copy_stream_ctx:
-                self.copy_stream.wait_event(self.launch_event)
-                ids, conf = ids.to("cpu", non_blocking=True), conf.to("cpu", non_blocking=True)
-                if buckets is not None:
-                    buckets = buckets.to("cpu", non_blocking=True)
-                event = self.device_module.Event()
-                event.record(self.device_module.current_stream())
-        elif ids.device.type != "cpu":
-            ids, conf = ids.cpu(), conf.cpu()
-            buckets = buckets.cpu() if buckets is not None else None
-        self.sp.pending_drafts.append(_PendingDrafts(rows, ids, conf, buckets, event, sources))
+        # queued behind the forward that made them: one copy and one event, no stream switch
+        with self.forward_stream_ctx:
+            host, event = self.sp.readback.start(packed)
+        self.sp.pending_drafts.append(_PendingDrafts(rows, host, event, packed, has_buckets))
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
 
@@ -985,8 +993,11 @@ class SpexisScheduler(Scheduler):
         drafts = pp_outputs[PROXY_DRAFT_IDS][: len(rows)].cpu().numpy().astype(np.int64, copy=False)
         forced = sp.forced
         if forced is not None:
-            # Benchmark-only: pretend the target agreed with the draft w.p. theta.
-            true_ids = forced.true_tokens(rows, true_ids, drafts, sp.slots.verifies_draft(rows))
+            # Benchmark-only: pretend the target agreed with the draft w.p. theta (timed
+            # apart: a serving loop does not do this)
+            with sp.stats.phases.phase("forced"):
+                built_on_draft = sp.slots.verifies_draft(rows)
+                true_ids = forced.true_tokens(rows, true_ids, drafts, built_on_draft)
         counts = sp.slots.stats  # SlotState counts the verdicts it gives
         accepted, rejected, stale = counts.accepted, counts.rejected, counts.stale
         res = sp.slots.on_result(true_ids, launched_drafts=drafts)

@@ -33,8 +33,10 @@ from spexis_sglang.srt.config import ENV_PHASE_TIMERS, env_flag
 
 PHASE_TIMERS_ENV = ENV_PHASE_TIMERS  # the name benchmarks set
 
-# the SP loop's phases, in loop order (sp_scheduler.event_loop_sp)
-SP_PHASES = ("schedule", "draft_sync", "launch", "wait_output", "process", "send")
+# the SP loop's phases, in loop order (sp_scheduler.event_loop_sp); "forced" is the
+# benchmark-only forced acceptance (--spexis-benchmark-force-accept), a span inside
+# "process" kept apart so that a benchmark can tell what a serving loop costs without it
+SP_PHASES = ("schedule", "draft_sync", "launch", "wait_output", "process", "forced", "send")
 
 
 def phase_timers_enabled() -> bool:
