@@ -21,12 +21,9 @@ from typing import List, Optional, Tuple
 import torch
 
 
-class HostStaging:
-    """A ring of ``depth`` pinned int64 buffers.
-
-    The caller guarantees that a copy has completed before ``depth`` more calls. On a CPU
-    device there is nothing to copy: :meth:`to_device` returns the host tensor.
-    """
+class _PinnedRing:
+    """``depth`` pinned host buffers used in turn, each grown (doubled) when a copy outgrows
+    it. On a CPU device nothing is pinned (``pinned`` is False) and no buffer is made."""
 
     def __init__(self, device, depth: int):
         self.device = torch.device(device)
@@ -35,23 +32,42 @@ class HostStaging:
         self._buffers: List[Optional[torch.Tensor]] = [None] * depth
         self._next = 0
 
+    def _take(self, like: torch.Tensor) -> Tuple[int, torch.Tensor]:
+        """The next buffer's index, and its first ``len(like)`` rows shaped and typed like
+        ``like``."""
+        i = self._next
+        self._next = (i + 1) % self.depth
+        n = like.shape[0]
+        buf = self._buffers[i]
+        if (
+            buf is None
+            or buf.shape[0] < n
+            or buf.shape[1:] != like.shape[1:]
+            or buf.dtype != like.dtype
+        ):
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = torch.empty((size, *like.shape[1:]), dtype=like.dtype, pin_memory=True)
+            self._buffers[i] = buf
+        return i, buf[:n]
+
+
+class HostStaging(_PinnedRing):
+    """A ring of ``depth`` pinned buffers for host-to-device copies.
+
+    The caller guarantees that a copy has completed before ``depth`` more calls. On a CPU
+    device there is nothing to copy: :meth:`to_device` returns the host tensor.
+    """
+
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
         """``host`` (a 1-D int64 CPU tensor) on the device; ``host`` stays the caller's."""
         if not self.pinned:
             return host.to(self.device)
-        i = self._next
-        self._next = (i + 1) % self.depth
-        n = host.shape[0]
-        buf = self._buffers[i]
-        if buf is None or buf.shape[0] < n:
-            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
-            buf = self._buffers[i] = torch.empty(size, dtype=torch.int64, pin_memory=True)
-        staged = buf[:n]
+        _, staged = self._take(host)
         staged.copy_(host)
         return staged.to(self.device, non_blocking=True)
 
 
-class HostReadback:
+class HostReadback(_PinnedRing):
     """Device-to-host copies that do not wait: a ring of ``depth`` pinned buffers, each with
     its own reusable event.
 
@@ -62,31 +78,14 @@ class HostReadback:
     """
 
     def __init__(self, device, depth: int):
-        self.device = torch.device(device)
-        self.pinned = self.device.type == "cuda"
-        self.depth = depth
-        self._buffers: List[Optional[torch.Tensor]] = [None] * depth
+        super().__init__(device, depth)
         self._events: List[Optional[torch.cuda.Event]] = [None] * depth
-        self._next = 0
 
     def start(self, src: torch.Tensor) -> Tuple[torch.Tensor, Optional["torch.cuda.Event"]]:
         """``src`` (contiguous) on the host once the returned event has completed."""
         if not self.pinned:
             return src, None
-        i = self._next
-        self._next = (i + 1) % self.depth
-        n = src.shape[0]
-        buf = self._buffers[i]
-        if (
-            buf is None
-            or buf.shape[0] < n
-            or buf.shape[1:] != src.shape[1:]
-            or buf.dtype != src.dtype
-        ):
-            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
-            buf = torch.empty((size, *src.shape[1:]), dtype=src.dtype, pin_memory=True)
-            self._buffers[i] = buf
-        dst = buf[:n]
+        i, dst = self._take(src)
         dst.copy_(src, non_blocking=True)
         event = self._events[i]
         if event is None:

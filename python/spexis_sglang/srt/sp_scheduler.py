@@ -905,7 +905,7 @@ class SpexisScheduler(Scheduler):
             stats.decode_eager_forwards += 1
         rows: Rows = batch.spexis_rows
         n = len(rows)  # a CUDA-graph replay returns its outputs padded to its batch bucket
-        has_buckets = False
+        packed, has_buckets = None, False
         if self.sp.rank0:
             tensors = result.pp_hidden_states_proxy_tensors.tensors
             packed = tensors[PROXY_DRAFT_HOST][:n]
@@ -915,15 +915,15 @@ class SpexisScheduler(Scheduler):
             # it takes the drafts' values from the proxy they came down the pipe with.
             extras = batch.spexis_extras
             packed = pack_drafts(extras[PROXY_DRAFT_IDS][:n], extras[PROXY_DRAFT_CONF][:n])
+        if packed is None:  # placeholders
+            pending = _PendingDrafts(rows)
         else:
-            self.sp.pending_drafts.append(_PendingDrafts(rows))
-            if self.sp_sync_draft_read:
-                self.sp_apply_drafts()
-            return
-        # queued behind the forward that made them: one copy and one event, no stream switch
-        with self.forward_stream_ctx:
-            host, event = self.sp.readback.start(packed)
-        self.sp.pending_drafts.append(_PendingDrafts(rows, host, event, packed, has_buckets))
+            # queued behind the forward that made them: one copy and one event, no stream
+            # switch
+            with self.forward_stream_ctx:
+                host, event = self.sp.readback.start(packed)
+            pending = _PendingDrafts(rows, host, event, packed, has_buckets)
+        self.sp.pending_drafts.append(pending)
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
 
