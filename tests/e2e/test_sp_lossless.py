@@ -134,6 +134,9 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
     # stage 0's alpha drops reached the other stages (they would desynchronise otherwise)
     assert stats["drafts_dropped"] > 0
+    # on one node every stage took its relay from the local pipe, not gloo (srt/relay.py)
+    with open(sp_server.log_path) as f:
+        assert f.read().count(RELAY_LOG_LINE) == pp
 
 
 def chi2_sf(x: float, dof: int) -> float:

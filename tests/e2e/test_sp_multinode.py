@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import ServerProcess, free_port
 
 from .conftest import exact, make_room, server_env
@@ -39,3 +40,7 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
         node1.stop()
     assert got == expected
     assert stats["rows_spec"] > 0 and stats["accepted"] > 0  # it speculated across the nodes
+    # across nodes the relay stays SGLang's (gloo): no local pipe
+    for node in (node0, node1):
+        with open(node.log_path) as f:
+            assert RELAY_LOG_LINE not in f.read()

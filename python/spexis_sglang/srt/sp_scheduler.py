@@ -101,6 +101,8 @@ from spexis_sglang.srt.protocol import (
     relay_payload,
     unpack_drafts,
 )
+from spexis_sglang.srt.relay import PipeRequestReceiver, open_local_relay
+from spexis_sglang.srt.request_poll import nothing_queued_check, receives_multimodal_waiting
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
 from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
@@ -291,6 +293,18 @@ class SpexisScheduler(Scheduler):
                 self.metrics_collector.labels, benchmark_modes=self._sp_benchmark_modes()
             )
         self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
+        # stage 0: skip SGLang's receive when its sockets hold nothing (request_poll)
+        self.sp_nothing_queued = nothing_queued_check(
+            self.request_receiver,
+            dp_attention=bool(get_parallel().enable_dp_attention),
+            mm_waiting=receives_multimodal_waiting(),
+        )
+        # the relay between stages over a local zmq pipe where it can be (relay.py)
+        self.sp_relay = open_local_relay(self)
+        if self.sp_relay is not None and self.sp_relay.incoming is not None:
+            self.request_receiver = PipeRequestReceiver.wrapping(
+                self.request_receiver, self.sp_relay.incoming
+            )
         draft_log = env_value(ENV_DRAFT_LOG)
         self.sp_draft_log = (
             DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
@@ -451,6 +465,9 @@ class SpexisScheduler(Scheduler):
 
     def _sp_recv_requests(self) -> Tuple[list, Optional[SpexisPlan]]:
         """This iteration's requests, and stage 0's plan (later stages)."""
+        nothing_queued = self.sp_nothing_queued
+        if nothing_queued is not None and nothing_queued():
+            return [], None  # what recv_requests returns then, without its ~0.1 ms
         recv_reqs = self.request_receiver.recv_requests()
         plan_in = None
         if recv_reqs:
@@ -465,8 +482,13 @@ class SpexisScheduler(Scheduler):
 
         A plan that decides nothing is left out (the next stage reads a missing plan as an
         empty one), so a steady decode iteration relays ``[]`` as stock SGLang does: one
-        size message instead of a pickle and two messages (~0.1 ms of stage 0's CPU)."""
+        size message instead of a pickle and two messages (~0.1 ms of stage 0's CPU). On one
+        node the relay goes over a local zmq pipe (``relay.py``), not gloo."""
         if self.pp_group.is_last_rank:
+            return
+        relay = self.sp_relay
+        if relay is not None and relay.sends:
+            relay.send(relay_payload(recv_reqs, plan_out))
             return
         self._pp_commit_comm_work(self.send_req_work)
         self.send_req_work = self._pp_send_pyobj_to_next_stage(
@@ -627,16 +649,18 @@ class SpexisScheduler(Scheduler):
         st.decode_iterations += 1
         return self._sp_decode_batch(rows, *meta)
 
-    def _sp_alloc_kv(self, rows: Rows) -> Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]:
+    def _sp_alloc_kv(
+        self, rows: Rows
+    ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, ...]]:
         """A new KV slot for every row that writes past its request's KV (one alloc, one
         index write). While a request decodes under SP, its KV length is the SlotState's
         (``allocated_len``), not ``req.kv.kv_allocated_len``.
 
-        Returns the batch's metadata on the host and on the device, one copy for both uses,
-        as views (one ``split``): tokens, slots, positions, sequence lengths (``n``
-        each), the lengths again as int32 (two to an int64: ``orig_seq_lens`` without a cast
-        kernel), then the slots and positions of the rows that take a new KV slot (``k`` each;
-        see ``_sp_decode_batch``)."""
+        Returns the slots and sequence lengths on the host (SGLang's ``*_cpu`` fields), and
+        the batch's metadata on the device, one copy, as views (one ``split``): tokens, slots,
+        positions, sequence lengths (``n`` each), the lengths again as int32 (two to an int64:
+        ``orig_seq_lens`` without a cast kernel), then the slots and positions of the rows
+        that take a new KV slot (``k`` each; see ``_sp_decode_batch``)."""
         need = self.sp.slots.needs_slot(rows)
         n, k = len(rows), int(np.count_nonzero(need))
         h = (n + 1) // 2
@@ -652,9 +676,11 @@ class SpexisScheduler(Scheduler):
             host[4 * n + h + k :] = rows.position[need]
         meta_cpu = torch.from_numpy(host)
         meta = self.sp.staging.to_device(meta_cpu)
-        sizes = (n, n, n, n, h, k, k)
-        parts = meta.split(sizes)  # one call for every view
-        parts_cpu = parts if meta is meta_cpu else meta_cpu.split(sizes)
+        parts = meta.split((n, n, n, n, h, k, k))  # one call for every view
+        if meta is meta_cpu:
+            parts_cpu = parts[1], parts[3]
+        else:
+            parts_cpu = meta_cpu[n : 2 * n], meta_cpu[3 * n : 4 * n]
         if k == 0:
             return parts_cpu, parts
         new_slot_of, new_position = parts[5], parts[6]
@@ -692,7 +718,10 @@ class SpexisScheduler(Scheduler):
         return new_slots
 
     def _sp_decode_batch(
-        self, rows: Rows, meta_cpu: Tuple[torch.Tensor, ...], meta: Tuple[torch.Tensor, ...]
+        self,
+        rows: Rows,
+        meta_cpu: Tuple[torch.Tensor, torch.Tensor],
+        meta: Tuple[torch.Tensor, ...],
     ) -> ScheduleBatch:
         """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
         copy of ids, slots, positions and lengths; the tensors are views of it)."""
@@ -732,9 +761,8 @@ class SpexisScheduler(Scheduler):
         req_to_token = self.req_to_token_pool.req_to_token
         ids, slots, positions, lens, lens32 = meta[:5]
         batch.input_ids = ids
-        batch.req_pool_indices_cpu = meta_cpu[1]
+        batch.req_pool_indices_cpu, batch.seq_lens_cpu = meta_cpu
         batch.req_pool_indices = slots
-        batch.seq_lens_cpu = meta_cpu[3]
         batch.seq_lens = lens
         batch.orig_seq_lens = lens32.view(torch.int32)[:n]
         batch.seq_lens_sum = int(rows.position.sum()) + n
@@ -885,15 +913,35 @@ class SpexisScheduler(Scheduler):
         return rows.without(np.asarray(retracted, dtype=np.int64))
 
     # ------------------------------------------------------------------ launch and results
+    def run_batch(self, batch: ScheduleBatch, pp_proxy_tensors=None):
+        """SGLang's ``run_batch``; then, on stage 0, the copy of the decode batch's drafts to
+        the host is queued at once, still inside the launch's forward-stream context (entering
+        that context again costs the scheduler two stream switches per iteration)."""
+        result = super().run_batch(batch, pp_proxy_tensors)
+        if getattr(batch, "spexis_kind", None) == "decode" and self.sp.rank0:
+            self._sp_start_draft_readback(batch, result)
+        return result
+
+    def _sp_start_draft_readback(self, batch: ScheduleBatch, result) -> None:
+        """Stage 0: queue the packed drafts' copy behind the forward that made them (one copy,
+        one reusable event; on CPU the forward's own tensor)."""
+        n = len(batch.spexis_rows)  # a CUDA-graph replay returns its outputs padded
+        tensors = result.pp_hidden_states_proxy_tensors.tensors
+        packed = tensors[PROXY_DRAFT_HOST][:n]
+        host, event = self.sp.readback.start(packed)
+        batch.spexis_drafts = _PendingDrafts(
+            batch.spexis_rows, host, event, packed, PROXY_LENGTH_BUCKET in tensors
+        )
+
     def sp_after_launch(self, batch: ScheduleBatch, result) -> None:
         """Take the drafts stage 0 just made (placeholders on the other stages).
 
         They are needed only when the next decode batch is built, so on a GPU stage 0 copies
-        them to the host on the copy stream and reads them then (:meth:`sp_apply_drafts`):
-        receiving and processing the previous results overlaps this forward pass instead of
-        waiting for it. Every rank applies its drafts at the same point of the loop, which
-        keeps the mirrored states identical. ``SPEXIS_SYNC_DRAFT_READ=1`` reads them at once
-        (the previous behaviour; kept for the benchmark's before/after).
+        them to the host behind the forward (:meth:`run_batch`) and reads them then
+        (:meth:`sp_apply_drafts`): receiving and processing the previous results overlaps this
+        forward pass instead of waiting for it. Every rank applies its drafts at the same point
+        of the loop, which keeps the mirrored states identical. ``SPEXIS_SYNC_DRAFT_READ=1``
+        reads them at once (the previous behaviour; kept for the benchmark's before/after).
         """
         stats = self.sp.stats
         stats.iterations += 1
@@ -904,25 +952,19 @@ class SpexisScheduler(Scheduler):
         else:
             stats.decode_eager_forwards += 1
         rows: Rows = batch.spexis_rows
-        n = len(rows)  # a CUDA-graph replay returns its outputs padded to its batch bucket
-        packed, has_buckets = None, False
         if self.sp.rank0:
-            tensors = result.pp_hidden_states_proxy_tensors.tensors
-            packed = tensors[PROXY_DRAFT_HOST][:n]
-            has_buckets = PROXY_LENGTH_BUCKET in tensors
+            pending = batch.spexis_drafts
         elif getattr(batch, "spexis_needs_drafts", False):
             # The last stage penalises rows by the drafts they are built on (sp_penalties):
             # it takes the drafts' values from the proxy they came down the pipe with.
+            n = len(rows)
             extras = batch.spexis_extras
             packed = pack_drafts(extras[PROXY_DRAFT_IDS][:n], extras[PROXY_DRAFT_CONF][:n])
-        if packed is None:  # placeholders
-            pending = _PendingDrafts(rows)
-        else:
-            # queued behind the forward that made them: one copy and one event, no stream
-            # switch
             with self.forward_stream_ctx:
                 host, event = self.sp.readback.start(packed)
-            pending = _PendingDrafts(rows, host, event, packed, has_buckets)
+            pending = _PendingDrafts(rows, host, event, packed)
+        else:
+            pending = _PendingDrafts(rows)  # placeholders
         self.sp.pending_drafts.append(pending)
         if self.sp_sync_draft_read:
             self.sp_apply_drafts()
