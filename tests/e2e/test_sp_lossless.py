@@ -15,6 +15,7 @@ import requests
 
 from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
 from spexis_sglang.cpu_support import cuda_available
+from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import SPEXIS_RETRACT_LINE
 
 from .compare import compare_outputs
