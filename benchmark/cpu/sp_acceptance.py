@@ -9,7 +9,8 @@ per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
 
 ``--workload specbench`` serves the SpecBench-like mix the heads are scored on offline
 (``--prompts`` per category, first turns, chat template, greedy to EOS or ``--new-tokens``) and
-reports acceptance per category; ``--draft-head`` (repeatable there) serves each head in turn
+reports acceptance per category (``--export-prompt-ids F`` writes the tokenized prompts, which
+``--prompt-ids F`` serves on a machine without the data packages: the GPU's); ``--draft-head`` (repeatable there) serves each head in turn
 on the same prompts, so shipped and candidate heads are compared side by side in one run.
 """
 
@@ -30,7 +31,7 @@ from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
-from spexis_sglang.testing import ServerProcess, repo_relative  # noqa: E402
+from spexis_sglang.testing import ServerProcess, recorded_args, repo_relative  # noqa: E402
 
 
 def stats(server) -> dict:
@@ -73,11 +74,20 @@ def specbench(model: str, heads: list, args) -> dict:
 
     from spexis_sglang.data.mix import CATEGORIES, evaluation_mix
 
-    tok = AutoTokenizer.from_pretrained(model)
-    by_cat: dict = {c: [] for c in CATEGORIES}
-    for p in evaluation_mix(args.prompts, seed=0):
-        ids = tok.apply_chat_template(p.chat(), tokenize=True, add_generation_prompt=True)
-        by_cat[p.category].append([int(t) for t in getattr(ids, "input_ids", ids)])
+    if args.prompt_ids:  # tokenized elsewhere (a GPU machine lacks the data packages)
+        with open(args.prompt_ids) as f:
+            by_cat = json.load(f)
+        args.prompts = max(map(len, by_cat.values()))
+    else:
+        tok = AutoTokenizer.from_pretrained(model)
+        by_cat = {c: [] for c in CATEGORIES}
+        for p in evaluation_mix(args.prompts, seed=0):
+            ids = tok.apply_chat_template(p.chat(), tokenize=True, add_generation_prompt=True)
+            by_cat[p.category].append([int(t) for t in getattr(ids, "input_ids", ids)])
+    if args.export_prompt_ids:
+        with open(args.export_prompt_ids, "w") as f:
+            json.dump(by_cat, f)
+        return {"exported": sum(map(len, by_cat.values()))}
     out: dict = {}
     outputs: dict = {}
     for head in heads:
@@ -121,6 +131,14 @@ def main() -> int:
     ap.add_argument("--workload", choices=("lossless", "specbench"), default="lossless")
     ap.add_argument("--draft-head", action="append", default=None)
     ap.add_argument("--one-batch", action="store_true")
+    ap.add_argument(
+        "--export-prompt-ids",
+        default=None,
+        help="specbench: write the tokenized prompts (per category) to this JSON and stop",
+    )
+    ap.add_argument(
+        "--prompt-ids", default=None, help="specbench: serve the prompts of such a JSON"
+    )
     args = ap.parse_args()
 
     sys.path.insert(0, ".")
@@ -130,7 +148,7 @@ def main() -> int:
     heads = args.draft_head or [bundled_draft_head(model, args.pp_size)]
     if args.workload == "specbench":
         res = {
-            "command": " ".join(sys.argv),
+            "command": " ".join(recorded_args(sys.argv)),
             "pp_size": args.pp_size,
             "alpha": args.alpha,
             "prompts_per_category": args.prompts,
@@ -157,7 +175,7 @@ def main() -> int:
     rows = d["rows_normal"] + d["rows_spec"]
     theta = d["accepted"] / max(1, d["accepted"] + d["rejected"])
     res = {
-        "command": " ".join(sys.argv),
+        "command": " ".join(recorded_args(sys.argv)),
         "pp_size": args.pp_size,
         "alpha": args.alpha,
         "draft_head": repo_relative(head),

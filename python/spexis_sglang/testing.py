@@ -51,10 +51,19 @@ SPEXIS_RETRACT_LINE = "KV cache pool is full, retracting request"
 _STOCK_RETRACT = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 
 
+# a log line of a scheduler other than its replica's first stage and first TP rank (SGLang's
+# prefix, e.g. "[2026-12-02 14:43:21 PP1 TP0] "): every rank of a pipeline logs the same
+# retraction, so only the first counts
+_OTHER_RANK = re.compile(r"^\[[^\]]*\b(?:PP|TP)[1-9]\d*\b[^\]]*\]")
+
+
 def count_retractions(log_text: str) -> int:
-    """Requests retracted (evicted, to be recomputed) according to a server log."""
-    stock = sum(int(n) for n in _STOCK_RETRACT.findall(log_text))
-    return log_text.count(SPEXIS_RETRACT_LINE) + stock
+    """Requests retracted (evicted, to be recomputed) according to a server log: each once,
+    from its replica's first stage and first TP rank (the other ranks log the same event)."""
+    lines = [ln for ln in log_text.splitlines() if not _OTHER_RANK.match(ln)]
+    text = "\n".join(lines)
+    stock = sum(int(n) for n in _STOCK_RETRACT.findall(text))
+    return text.count(SPEXIS_RETRACT_LINE) + stock
 
 
 def repo_relative(path: str) -> str:

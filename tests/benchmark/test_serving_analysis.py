@@ -125,6 +125,21 @@ def test_decode_graph_lines_and_retractions_from_a_log():
     assert serving.count_retractions(log) == 3
 
 
+def test_a_retraction_counts_once_however_many_ranks_log_it():
+    """PP=2 x TP=2: all four schedulers log each retraction; DP replicas retract on their own."""
+    spexis = "Spexis: KV cache pool is full, retracting request 3"
+    stock = "KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 9"
+    ranks = ["PP0 TP0", "PP0 TP1", "PP1 TP0", "PP1 TP1"]
+    log = "".join(f"[2026-12-02 14:43:21 {r}] {line}\n" for line in (spexis, stock) for r in ranks)
+    assert serving.count_retractions(log) == 3
+    one_stage = "[2026-12-02 14:43:21] " + spexis + "\n"
+    assert serving.count_retractions(one_stage) == 1
+    two_replicas = "".join(f"[t DP{d} PP{p}] {spexis}\n" for d in (0, 1) for p in (0, 1))
+    assert serving.count_retractions(two_replicas) == 2
+    # a PP10 stage is not the first
+    assert serving.count_retractions(f"[t PP10 TP0] {spexis}\n") == 0
+
+
 def test_configurations_of_the_breakdown_share_the_server_args():
     args = serving.parse_args(
         [

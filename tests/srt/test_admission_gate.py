@@ -104,3 +104,56 @@ def test_the_projections_own_growth_ratio_answers_alone_even_below_sglangs():
     assert gate.reservation_count(200, [150], [200], [-1], 0.1, 0.7, [60], [96]) == (0, 1)
     # a certain finish within 4 tokens frees the memory in time: admitted either way
     assert gate.reservation_count(100, [150], [4], [-1], 0.1, 0.7, [60], [96])[0] == 1
+
+
+def test_growth_ratio_follows_sglangs_up_after_a_retraction_never_down():
+    """SGLang decays its ratio from 0.7 while nothing is retracted (the projection keeps 0.7)
+    and raises it after a retraction (the projection follows, until it decays below 0.7)."""
+    assert AdmissionGate.growth_ratio(0.7, 0.14) == 0.7
+    assert AdmissionGate.growth_ratio(0.7, 0.93) == 0.93
+    gate = _gate(capacity=1000)
+    # one running request with 100 tokens left, 160 free, a 60-token prompt (plus a page)
+    # growing by 20: at 0.7 the running one grows 70 (70 + 61 + 20 <= 160) before it ends,
+    # after a retraction (0.95) 95, which does not fit
+    args = (160, [150], [100], [-1], 0.7)
+    after = AdmissionGate.growth_ratio(0.7, 0.95)
+    assert gate.reservation_count(*args, AdmissionGate.growth_ratio(0.7, 0.5), [60], [20])[0] == 1
+    assert gate.reservation_count(*args, after, [60], [20])[0] == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_when_the_head_does_not_fit_now_neither_count_admits_anything(seed):
+    """``head_fits`` is exact where the scheduler uses it to skip the projection: whenever
+    it is False, ``reservation_count`` answers (0, 0) whatever the running requests, their
+    predictions, the ratios and the rest of the queue."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    gate = _gate(capacity=2000, precision=tuple(rng.uniform(0.5, 1.0, 5)))
+    running = int(rng.integers(1, 8))
+    held = rng.integers(10, 300, running).tolist()
+    remaining = rng.integers(0, 300, running).tolist()
+    buckets = rng.integers(-1, 5, running).tolist()
+    waiting = rng.integers(1, 400, int(rng.integers(1, 6))).tolist()
+    max_new = rng.integers(0, 300, len(waiting)).tolist()
+    page = int(rng.choice([1, 4, 16]))
+    refused = 0
+    for free in range(0, 500, 7):
+        ratio, growth = rng.uniform(0, 1), rng.uniform(0, 1)
+        counts = gate.reservation_count(
+            free, held, remaining, buckets, ratio, growth, waiting, max_new, page
+        )
+        if not AdmissionGate.head_fits(free, waiting[0], page):
+            assert counts == (0, 0)
+            refused += 1
+    assert refused > 0  # free starts at 0: the check was exercised
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_head_fits_is_exactly_where_the_projection_starts_admitting(page):
+    """Nothing else competing (the running request ends, the new one takes no more than its
+    prefill): the projection admits the 60-token head exactly when ``head_fits`` says so."""
+    gate = _gate(capacity=1000)
+    for free in range(50, 80):
+        n_proj = gate.reservation_count(free, [150], [0], [-1], 0.7, 0.7, [60], [0], page)[0]
+        assert (n_proj == 1) == AdmissionGate.head_fits(free, 60, page), free

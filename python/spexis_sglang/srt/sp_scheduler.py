@@ -587,27 +587,35 @@ class SpexisScheduler(Scheduler):
             return None
         if not sp.running.reqs:
             return None
+        st = sp.stats
+        queue = self.waiting_queue
+        free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+        page = self.token_to_kv_pool_allocator.page_size
+        head = queue[0]
+        if not gate.head_fits(free, len(head.origin_input_ids) + len(head.output_ids), page):
+            st.admission_gated_iterations += 1
+            sp.admit_reservation = 0  # SGLang's count too (the head's prefill does not fit)
+            return 0
         slots = self._sp_running_slots()
         lengths = sp.slots.kv_len(slots).tolist()
         buckets = sp.length_bucket[slots].tolist()
-        queue = self.waiting_queue
         waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in queue]
-        st = sp.stats
-        theta = gate.theta(st.accepted, st.rejected, st.drafts_dropped)
-        n_gate = gate.admit_count(lengths, buckets, waiting, theta)
+        ratio = self.new_token_ratio_tracker
         n_proj, n_sglang = gate.reservation_count(
-            free=self.token_to_kv_pool_allocator.available_size()
-            + self.tree_cache.evictable_size(),
+            free=free,
             held=lengths,
             remaining=[_max_new_left(r) for r in sp.running.reqs],
             buckets=buckets,
-            ratio=self.new_token_ratio_tracker.current,
+            ratio=ratio.current,
             waiting_tokens=waiting,
             waiting_max_new=[_max_new_left(r) for r in queue],
-            page=self.token_to_kv_pool_allocator.page_size,
-            growth_ratio=self.new_token_ratio_tracker.init,
+            page=page,
+            growth_ratio=gate.growth_ratio(ratio.init, ratio.current),
         )
-        n = min(n_gate, n_proj)
+        n = n_proj
+        if n > 0:  # Algorithm 1 and G may lower what the pool allows
+            theta = gate.theta(st.accepted, st.rejected, st.drafts_dropped)
+            n = min(n, gate.admit_count(lengths, buckets, waiting, theta))
         if n < len(waiting):
             st.admission_gated_iterations += 1
         for req in queue[n:n_sglang]:
