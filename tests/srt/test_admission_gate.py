@@ -106,21 +106,6 @@ def test_the_projections_own_growth_ratio_answers_alone_even_below_sglangs():
     assert gate.reservation_count(100, [150], [4], [-1], 0.1, 0.7, [60], [96])[0] == 1
 
 
-def test_growth_ratio_follows_sglangs_up_after_a_retraction_never_down():
-    """SGLang decays its ratio from 0.7 while nothing is retracted (the projection keeps 0.7)
-    and raises it after a retraction (the projection follows, until it decays below 0.7)."""
-    assert AdmissionGate.growth_ratio(0.7, 0.14) == 0.7
-    assert AdmissionGate.growth_ratio(0.7, 0.93) == 0.93
-    gate = _gate(capacity=1000)
-    # one running request with 100 tokens left, 160 free, a 60-token prompt (plus a page)
-    # growing by 20: at 0.7 the running one grows 70 (70 + 61 + 20 <= 160) before it ends,
-    # after a retraction (0.95) 95, which does not fit
-    args = (160, [150], [100], [-1], 0.7)
-    after = AdmissionGate.growth_ratio(0.7, 0.95)
-    assert gate.reservation_count(*args, AdmissionGate.growth_ratio(0.7, 0.5), [60], [20])[0] == 1
-    assert gate.reservation_count(*args, after, [60], [20])[0] == 0
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_when_the_head_does_not_fit_now_neither_count_admits_anything(seed):
     """``head_fits`` is exact where the scheduler uses it to skip the projection: whenever

@@ -128,16 +128,6 @@ class AdmissionGate:
         skips building the projection, which is most iterations of a memory-bound load."""
         return head_tokens + page <= free
 
-    @staticmethod
-    def growth_ratio(init: float, current: float) -> float:
-        """The share of a running request's remaining tokens the projection grows it by:
-        SGLang's initial ``new_token_ratio``, or its current one when a retraction raised it
-        above that (SGLang then sets it from what the kept requests have shown, and decays it
-        back). Following SGLang's decay downwards admitted on optimism and retracted more
-        (benchmark/README.md, the admission row); ignoring a retraction kept admitting early
-        into the memory that had just run out (H200, 600-token pool: retractions 2 -> 6)."""
-        return max(init, current)
-
     def reservation_count(
         self,
         free: int,

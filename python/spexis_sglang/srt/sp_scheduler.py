@@ -610,7 +610,7 @@ class SpexisScheduler(Scheduler):
             waiting_tokens=waiting,
             waiting_max_new=[_max_new_left(r) for r in queue],
             page=page,
-            growth_ratio=gate.growth_ratio(ratio.init, ratio.current),
+            growth_ratio=ratio.init,
         )
         n = n_proj
         if n > 0:  # Algorithm 1 and G may lower what the pool allows
