@@ -18,15 +18,10 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
-gpu_site_env || exit $?
-cd "$SPEXIS_REPO"
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
-[ "$NUM_GPUS" = 1 ] && export SPEXIS_SHARE_GPU=1
+gpu_script_env || exit $?
 TAG=${TAG:-run1}
-export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-/tmp/spexis-cache}
 export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype bfloat16 --mem-fraction-static 0.25 --cuda-graph-max-bs 64 --enable-deterministic-inference ${EXTRA:-}"
-python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
+default_model_ready || exit 5
 # shellcheck disable=SC2086
 python3 benchmark/cpu/admission.py --prompts "${PROMPTS:-24}" --new-tokens "${NEW_TOKENS:-192}" \
   --kv-tokens ${KV:-600} --repeats "${REPEATS:-2}" --out "$OUT/gpu_admission_$TAG.json" \

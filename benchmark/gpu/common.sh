@@ -2,6 +2,8 @@
 #
 #   source benchmark/gpu/common.sh
 #   gpu_site_env              # extract .gpu/site.tar.xz once, export PYTHONPATH & JIT caches
+#   gpu_script_env            # the above, then cd to the repository, $OUT, NUM_GPUS, one GPU shared
+#   default_model_ready       # the default model converted from the GGUF joined on this machine
 #   server_start LOG ARGS...  # python3 -m spexis_sglang.launch_server + required GPU flags; sets SP
 #   server_wait PORT [TIMEOUT]# wait for /health_generate while checking that $SP is alive
 #   server_stop               # SIGTERM the server (it stops its children), then SIGKILL leftovers
@@ -38,6 +40,25 @@ gpu_site_env() {
   : "${NCCL_NVLS_ENABLE:=0}"; export NCCL_NVLS_ENABLE
   [ "$NCCL_NVLS_ENABLE" = 0 ] || { echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE: leave it 0" >&2; return 2; }
   return 0
+}
+
+# gpu_script_env: what every GPU script does first: the site, the repository as the working
+# directory, $OUT (default /tmp/out), NUM_GPUS, and with one GPU both PP stages on it
+# (SPEXIS_SHARE_GPU=1: NCCL over loopback sockets, srt/hooks.share_one_gpu)
+gpu_script_env() {
+  gpu_site_env || return $?
+  cd "$SPEXIS_REPO" || return 3
+  OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+  NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if [ "$NUM_GPUS" = 1 ]; then export SPEXIS_SHARE_GPU=1; fi
+  return 0
+}
+
+# default_model_ready: the default model converted under $SPEXIS_CACHE_DIR (default
+# /tmp/spexis-cache) from the GGUF that default_model_parts.sh joined; prints its directory
+default_model_ready() {
+  export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-/tmp/spexis-cache}
+  python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())'
 }
 
 refuse_multicast_flags() {

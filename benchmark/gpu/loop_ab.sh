@@ -11,11 +11,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
-gpu_site_env || exit $?
-cd "$SPEXIS_REPO"
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+gpu_script_env || exit $?
 OLD_SRC=${OLD_SRC:-.gpu/old}
-[ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && export SPEXIS_SHARE_GPU=1
 [ -d .gpu/tiny ] && cp -r .gpu/tiny/spexis-tiny-llama-* "${TMPDIR:-/tmp}/"
 OLD_PY=${TMPDIR:-/tmp}/spexis-old-python
 rm -rf "$OLD_PY" && cp -r python "$OLD_PY" && rm -rf "$OLD_PY/spexis_sglang/srt" \

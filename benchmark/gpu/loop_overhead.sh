@@ -9,11 +9,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
-gpu_site_env || exit $?
-cd "$SPEXIS_REPO"
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
-[ "$NUM_GPUS" = 1 ] && export SPEXIS_SHARE_GPU=1
+gpu_script_env || exit $?
 BATCHES=${BATCHES:-64 256 512}
 # the tiny model is made from the default model's tokenizer, which this machine has only once
 # the GGUF is joined: make it on the CPU machine (a run of sp_loop_overhead.py leaves it in

@@ -12,17 +12,12 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
-gpu_site_env || exit $?
-cd "$SPEXIS_REPO"
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
-[ "$NUM_GPUS" = 1 ] && export SPEXIS_SHARE_GPU=1
+gpu_script_env || exit $?
 TAG=${TAG:-run1}
 PROMPT_IDS=${PROMPT_IDS:-.gpu/specbench16_ids.json}
 [ -f "$PROMPT_IDS" ] || { echo "no $PROMPT_IDS: export it on the CPU machine and carry it" >&2; exit 2; }
-export SPEXIS_CACHE_DIR=${SPEXIS_CACHE_DIR:-/tmp/spexis-cache}
 export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype bfloat16 --mem-fraction-static 0.25 --max-total-tokens 65536 --cuda-graph-max-bs 64 ${EXTRA:-}"
-python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
+default_model_ready || exit 5
 python3 benchmark/cpu/sp_acceptance.py --workload specbench --prompt-ids "$PROMPT_IDS" \
   --new-tokens "${NEW_TOKENS:-768}" --out "$OUT/gpu_sp_acceptance_specbench_$TAG.json" \
   2>&1 | tee "$OUT/gpu_sp_acceptance_specbench_$TAG.log"

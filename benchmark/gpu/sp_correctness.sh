@@ -19,24 +19,19 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
-gpu_site_env || exit $?
-cd "$SPEXIS_REPO"
+gpu_script_env || exit $?
 DTYPE=${DTYPE:-bfloat16}
 # EXTRA_SERVER_ARGS: more server flags; EXTRA_SERVER_ARGS= (empty) turns the deterministic
 # kernels off (the session-2 control: bf16 flips that plain SGLang shows too)
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS---enable-deterministic-inference}
-NUM_GPUS=$(nvidia-smi -L | wc -l)
-SHARE_ARGS=
+SHARE_ARGS=  # one GPU (SPEXIS_SHARE_GPU): a bounded KV pool per rank
 if [ "$NUM_GPUS" -lt 2 ]; then
-  export SPEXIS_SHARE_GPU=1
   SHARE_ARGS="--max-total-tokens 65536 --cuda-graph-max-bs 64"
 fi
 export SPEXIS_TEST_SERVER_ARGS="${GPU_FLAGS[*]} --dtype $DTYPE --mem-fraction-static 0.25 $SHARE_ARGS ${EXTRA_SERVER_ARGS:-}"
 TAG=${TAG:-$DTYPE${EXTRA_SERVER_ARGS:+_det}_${NUM_GPUS}gpu}
-export SPEXIS_CACHE_DIR=/tmp/spexis-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$SECONDS
-python3 -c 'from spexis_sglang.default_model import ensure_default_model as e; print(e())' || exit 5
+default_model_ready || exit 5
 echo "default model ready in $((SECONDS - T0)) s"
 # TESTS: the pytest selection (default: the graph test first, then equality and Eq. 2)
 TESTS=${TESTS:-tests/e2e/test_sp_graphs.py tests/e2e/test_sp_lossless.py::test_greedy_default_model_pp2_equals_plain_sglang tests/e2e/test_sp_lossless.py::test_effective_batch_matches_eq2}
