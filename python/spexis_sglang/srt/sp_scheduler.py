@@ -591,15 +591,15 @@ class SpexisScheduler(Scheduler):
         queue = self.waiting_queue
         free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
         page = self.token_to_kv_pool_allocator.page_size
-        head = queue[0]
-        if not gate.head_fits(free, len(head.origin_input_ids) + len(head.output_ids), page):
+        if not gate.head_fits(free, queue[0].seqlen, page):
             st.admission_gated_iterations += 1
             sp.admit_reservation = 0  # SGLang's count too (the head's prefill does not fit)
             return 0
         slots = self._sp_running_slots()
         lengths = sp.slots.kv_len(slots).tolist()
         buckets = sp.length_bucket[slots].tolist()
-        waiting = [len(r.origin_input_ids) + len(r.output_ids) for r in queue]
+        # tokens each waiting request prefills (a retracted one: its output too)
+        waiting = [r.seqlen for r in queue]
         ratio = self.new_token_ratio_tracker
         n_proj, n_sglang = gate.reservation_count(
             free=free,
