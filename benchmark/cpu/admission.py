@@ -169,14 +169,15 @@ def compare(kv_tokens: int, prompts, args, lookahead_first: bool = False) -> dic
     else:
         off, out_off = run("sp_admission_sglang", base)
         on, out_on = run("sp_lookahead_admission", lookahead)
+    diff_on = differing(out_off, out_on)
     pool = {
         "kv_tokens": kv_tokens,
         "order": "lookahead first" if lookahead_first else "SGLang's admission first",
         "load_average_start": load_start,
         "runs": [off, on],
         "output_lengths": [len(o) for o in out_off],
-        "outputs_identical": sum(a == b for a, b in zip(out_off, out_on)),
-        "outputs_differing": differing(out_off, out_on),
+        "outputs_identical": len(out_off) - len(diff_on),
+        "outputs_differing": diff_on,
         "throughput_ratio_lookahead_over_off": round(on["output_tok_s"] / off["output_tok_s"], 3),
         "tokens_per_cpu_s_ratio": round(
             on["output_tokens_per_cpu_s"] / off["output_tokens_per_cpu_s"], 3
@@ -191,11 +192,12 @@ def compare(kv_tokens: int, prompts, args, lookahead_first: bool = False) -> dic
     if args.lookahead_variant:  # a third server: look-ahead admission with more flags
         extra = shlex.split(args.lookahead_variant)
         var, out_var = run("sp_lookahead_admission_variant", lookahead + extra)
+        diff_var = differing(out_off, out_var)
         pool["runs"].append(var)
         pool["variant"] = {
             "extra_args": extra,
-            "outputs_identical": sum(a == b for a, b in zip(out_off, out_var)),
-            "outputs_differing": differing(out_off, out_var),
+            "outputs_identical": len(out_off) - len(diff_var),
+            "outputs_differing": diff_var,
             "throughput_ratio_over_off": round(var["output_tok_s"] / off["output_tok_s"], 3),
             "decode_iterations_ratio_off_over_variant": round(
                 off["decode_iterations"] / var["decode_iterations"], 3
