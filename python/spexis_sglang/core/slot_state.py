@@ -195,6 +195,18 @@ class Rows:
         return Rows(z, z, z, np.empty(0, dtype=bool), z, np.empty(0, dtype=np.float64))
 
 
+@dataclass(slots=True)
+class _Launched:
+    """A batch in flight: its rows, and for a conditional launch (:meth:`SlotState.on_launch`)
+    each row's alternative position (-1: none) and the sequence number of the batch whose
+    verdicts decide it."""
+
+    rows: Rows
+    seq: int
+    alternatives: np.ndarray | None = None
+    depends_on: int = -1
+
+
 @dataclass(frozen=True, slots=True)
 class Results:
     """What the true tokens of one returning batch meant (see :meth:`SlotState.on_result`)."""
@@ -228,9 +240,17 @@ class SlotState:
             ``N`` for an ``N``-stage pipeline); launching more raises :class:`SlotStateError`.
         max_unverified: as in :class:`~.sp_state.SPState`: cap on launched, unverified drafts
             per request (``None``: no cap).
+        pipelined: batches are launched before the oldest batch's results are processed
+            (:meth:`conditional_alternatives`); ``depth`` is then ``N + 1``.
     """
 
-    def __init__(self, capacity: int, depth: int, max_unverified: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        depth: int,
+        max_unverified: int | None = None,
+        pipelined: bool = False,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if depth < 1:
@@ -240,6 +260,7 @@ class SlotState:
         self.capacity = int(capacity)
         self.depth = int(depth)
         self.max_unverified = max_unverified
+        self.pipelined = bool(pipelined)
         c, d = self.capacity, self.depth
         self._status = np.zeros(c, dtype=np.int8)
         self._epoch = np.zeros(c, dtype=np.int64)
@@ -257,8 +278,15 @@ class SlotState:
         self._ring_conf = np.ones((c, d), dtype=np.float64)
         self._mark = np.full(c, -1, dtype=np.int64)  # scratch for the uniqueness check
         self._arange = np.arange(c, dtype=np.int64)
-        self._batches: deque[Rows] = deque()
+        # launched batches, oldest first: (rows, alternatives, the batch they depend on)
+        self._batches: deque[_Launched] = deque()
+        self._launches = 0  # batches launched so far (their sequence numbers)
         self._drained: list[np.ndarray] = []
+        # scratch for conditional launches: slots of a batch stamped with a counter
+        self._stamp = np.zeros(c, dtype=np.int64)
+        self._stamp_count = 0
+        self._scratch_tok = np.zeros(c, dtype=np.int64)
+        self._scratch_pos = np.zeros(c, dtype=np.int64)
         # bumped by every event that changes the state: rows planned at this version are
         # still the plan (Rows.plan; on_launch skips its per-row checks for them)
         self._version = 0
@@ -419,18 +447,26 @@ class SlotState:
         return valid & (self._frontier[s] > rows.position + 1)
 
     # ------------------------------------------------------------------ building a batch
-    def next_rows(self, slots: np.ndarray | None = None) -> Rows:
+    def next_rows(
+        self, slots: np.ndarray | None = None, patchable: np.ndarray | None = None
+    ) -> Rows:
         """The next row of every request that has one (``SPState.next_row`` per request).
 
         Args:
             slots: the running requests in batch order (the order decides selection ties);
                 default: every active slot, ascending. Draining slots are skipped (a finished
                 request may still sit in the running list); free slots are an error.
+            patchable: for a batch launched before the oldest batch's results are processed
+                (see :meth:`conditional_alternatives`), which slots the device can redo
+                (a boolean array over all slots); None otherwise.
 
         A request without a row waits for verification (its draft is not made yet, was dropped,
         or ``max_unverified`` drafts are in flight). A speculative row the request could not use
         (``position + 1 >= limit``) is not returned and its draft is dropped
-        (``SPState.drop_draft``, counted in ``stats.drafts_dropped``).
+        (``SPState.drop_draft``, counted in ``stats.drafts_dropped``). A ``pipelined`` state
+        keeps such a draft pending and returns its row only when the row has an alternative
+        the request can use (``patchable``: a rejection by the oldest batch makes it the normal
+        row at ``V``, useful while ``V + 1 < limit``).
         """
         if slots is None:
             s = np.flatnonzero(self._status == _ACTIVE)
@@ -449,7 +485,15 @@ class SlotState:
         if self.max_unverified is not None:
             spec &= f - v < self.max_unverified
         useless = spec & (f + 1 >= self._limit[s])
-        if useless.any():
+        if self.pipelined:
+            # the draft stays pending: once its chain's oldest row is in transit, a rejection
+            # there would turn the row into a useful normal row (patchable given)
+            if patchable is not None and useless.any():
+                rescued = useless & patchable[s] & (v + 1 < self._limit[s])
+                if rescued.any():
+                    useless &= ~(rescued & self._in_head(s))
+            spec &= ~useless
+        elif useless.any():
             self._version += 1
             self._has_pending[s[useless]] = False
             self.stats.drafts_dropped += int(np.count_nonzero(useless))
@@ -502,12 +546,42 @@ class SlotState:
         return kept, dropped
 
     # ------------------------------------------------------------------ events
-    def on_launch(self, rows: Rows) -> None:
+    def conditional_alternatives(
+        self, rows: Rows, patchable: np.ndarray | None = None
+    ) -> np.ndarray:
+        """For a batch about to launch while the true tokens of the oldest batch in flight are
+        on their way to the device (the pipelined loop of ``sp_scheduler``): where each row
+        goes if that batch rejects the draft the row is built on, else -1.
+
+        A speculative row depends on the oldest batch when its request's row there is valid:
+        that row sits at ``V - 1`` and its verdict accepts or rejects the draft at ``V``, on
+        which this row's chain is built. If it rejects, the device runs this row instead as
+        the normal row at ``V`` carrying the true token (so no iteration is lost to the
+        rejection), and :meth:`on_result` records that conversion. Rows not ``patchable``
+        (the device cannot redo them: e.g. a grammar mask built for the speculative input)
+        get -1 and simply go stale on a rejection, as any other row of the old epoch.
+        Pure: nothing changes until :meth:`on_launch` takes the result.
+        """
+        alt = np.full(len(rows), -1, dtype=np.int64)
+        if not self._batches or len(rows) == 0:
+            return alt
+        s = rows.slot
+        cond = rows.is_spec & self._in_head(s) & (rows.epoch == self._epoch[s])
+        if patchable is not None:
+            cond &= patchable
+        alt[cond] = self._verified[s[cond]]
+        return alt
+
+    def on_launch(self, rows: Rows, alternatives: np.ndarray | None = None) -> None:
         """Record a launched batch (``SPState.on_launch`` per row) and queue it for its results.
 
         Every row must be the one :meth:`next_rows` describes (slot active, position, epoch,
         kind and token); anything else raises :class:`SlotStateError` before any state changes.
-        The state keeps ``rows``: do not modify its arrays afterwards.
+        The state keeps ``rows``: do not modify its arrays afterwards (:meth:`on_result`
+        rewrites the rows a rejection converted, in place).
+
+        ``alternatives``: :meth:`conditional_alternatives` of these rows, for a batch launched
+        before the oldest batch's results are processed (its rows then depend on them).
         """
         s = self._check_slots(rows.slot)
         n = s.shape[0]
@@ -516,6 +590,11 @@ class SlotState:
             for name in ("position", "epoch", "is_spec", "token", "confidence"):
                 if getattr(rows, name).shape != (n,):
                     raise SlotStateError(f"rows.{name} has shape {getattr(rows, name).shape}")
+        alt = None
+        if alternatives is not None:
+            alt = _i64(alternatives) if n else np.empty(0, dtype=np.int64)
+            if alt.shape != (n,):
+                raise SlotStateError(f"{alt.shape[0]} alternatives for a batch of {n} rows")
         inflight = self._inflight[s]
         if n and rows.plan != self._version:
             self._check_unique(s)
@@ -538,7 +617,12 @@ class SlotState:
         self._inflight[s] = inflight + 1
         self._frontier[s] = front
         self._high[s] = np.maximum(self._high[s], front)
-        self._batches.append(rows)
+        launched = _Launched(rows, self._launches)
+        self._launches += 1
+        if alt is not None and self._batches and (alt >= 0).any():
+            launched.alternatives = alt
+            launched.depends_on = self._batches[0].seq
+        self._batches.append(launched)
 
     def _check_launch(self, rows: Rows, s: np.ndarray, inflight: np.ndarray) -> None:
         f, v, spec = self._frontier[s], self._verified[s], rows.is_spec
@@ -643,7 +727,8 @@ class SlotState:
         """
         if not self._batches:
             raise SlotStateError("result with no batch in flight")
-        rows = self._batches[0]
+        head = self._batches[0]
+        rows = head.rows
         n = len(rows)
         y = _i64(true_tokens) if n else np.empty(0, dtype=np.int64)
         if y.shape != (n,):
@@ -703,6 +788,8 @@ class SlotState:
         # depends on the token, a pending draft for the same position is obsolete (the next
         # row is a normal row with the true token)
         self._has_pending[vs[rej | (front == vp1)]] = False
+        if n_rej:
+            self._convert(head.seq, rs, vp1[rej], vy[rej])
 
         v_verdict = np.where(has_draft, np.where(acc, _ACCEPTED8, _REJECTED8), _APPENDED8)
         v_limit = vp2 >= self._limit[vs]
@@ -720,6 +807,57 @@ class SlotState:
         return Results(rows, verdict, y, valid, at_limit)
 
     # ------------------------------------------------------------------ helpers
+    def _in_head(self, s: np.ndarray) -> np.ndarray:
+        """Per slot in ``s``: its request has a valid row in the oldest batch in flight."""
+        if not self._batches:
+            return np.zeros(s.shape[0], dtype=bool)
+        head = self._batches[0].rows
+        hs = head.slot
+        valid = (self._status[hs] == _ACTIVE) & (head.epoch == self._epoch[hs])
+        self._stamp_count += 1
+        self._stamp[hs[valid]] = self._stamp_count
+        return self._stamp[s] == self._stamp_count
+
+    def _convert(
+        self, seq: int, slots: np.ndarray, positions: np.ndarray, tokens: np.ndarray
+    ) -> None:
+        """Rows launched conditionally on batch ``seq`` whose request it just rejected
+        (``slots``, with the rejected position and the true token there) ran on the device as
+        the normal row at that position: record them so, in the new epoch."""
+        for launched in self._batches:
+            if launched.depends_on != seq:
+                continue
+            rows, alt = launched.rows, launched.alternatives
+            self._stamp_count += 1
+            self._stamp[slots] = self._stamp_count
+            self._scratch_tok[slots] = tokens
+            self._scratch_pos[slots] = positions
+            hit = np.flatnonzero((alt >= 0) & (self._stamp[rows.slot] == self._stamp_count))
+            if hit.size == 0:
+                continue
+            cs = rows.slot[hit]
+            pos = alt[hit]
+            wrong = self._scratch_pos[cs] != pos
+            if wrong.any():
+                raise SlotStateError(
+                    f"slots {cs[wrong]}: a conditional row's alternative "
+                    "is not the position its request's rejection reopened"
+                )
+            tok = self._scratch_tok[cs]
+            rows.position[hit] = pos
+            rows.epoch[hit] = self._epoch[cs]
+            rows.is_spec[hit] = False
+            rows.token[hit] = tok
+            rows.confidence[hit] = 1.0
+            col = pos % self.depth
+            self._ring_tok[cs, col] = tok
+            self._ring_conf[cs, col] = 1.0
+            self._frontier[cs] = pos + 1
+            k = int(hit.size)
+            self.stats.launched_spec -= k
+            self.stats.launched_normal += k
+            self.stats.converted += k
+
     def _free(self, s: np.ndarray) -> None:
         self._status[s] = _FREE
         # the next occupant starts above every epoch the last one used: a late draft of the

@@ -109,6 +109,9 @@ class SPStats:
     appended: int = 0
     stale: int = 0
     drafts_dropped: int = 0
+    #: speculative rows launched before their chain's verdict and, on a rejection, run as the
+    #: normal row the rejection asked for (``SlotState.conditional_alternatives``)
+    converted: int = 0
 
 
 class _Req:
