@@ -2,7 +2,8 @@
 #
 #   source benchmark/gpu/common.sh
 #   gpu_site_env              # extract .gpu/site.tar.xz once, export PYTHONPATH & JIT caches
-#   gpu_script_env            # the above, then cd to the repository, $OUT, NUM_GPUS, one GPU shared
+#   gpu_script_env            # the above, then cd to the repository, $OUT, NUM_GPUS; one GPU: MPS
+#   mps_start / mps_stop      # the MPS daemon (gpu_script_env starts it for SPEXIS_SHARE_GPU=mps)
 #   default_model_ready       # the default model converted from the GGUF joined on this machine
 #   server_start LOG ARGS...  # python3 -m spexis_sglang.launch_server + required GPU flags; sets SP
 #   server_wait PORT [TIMEOUT]# wait for /health_generate while checking that $SP is alive
@@ -43,14 +44,41 @@ gpu_site_env() {
 }
 
 # gpu_script_env: what every GPU script does first: the site, the repository as the working
-# directory, $OUT (default /tmp/out), NUM_GPUS, and with one GPU both PP stages on it
-# (SPEXIS_SHARE_GPU=1: NCCL over loopback sockets, srt/hooks.share_one_gpu)
+# directory, $OUT (default /tmp/out), NUM_GPUS, and with one GPU all PP stages on it: by default
+# an emulated multi-GPU box (SPEXIS_SHARE_GPU=mps: an MPS daemon started here and stopped when
+# the script exits, each rank a client with its share of the SMs, kernels of the ranks at
+# once; NCCL over loopback sockets; srt/hooks.share_one_gpu). SPEXIS_SHARE_GPU=1 instead: plain
+# sharing, the ranks take turns (correctness runs only: such timings say nothing).
 gpu_script_env() {
   gpu_site_env || return $?
   cd "$SPEXIS_REPO" || return 3
   OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
-  if [ "$NUM_GPUS" = 1 ]; then export SPEXIS_SHARE_GPU=1; fi
+  if [ "$NUM_GPUS" = 1 ]; then
+    export SPEXIS_SHARE_GPU=${SPEXIS_SHARE_GPU:-mps}
+    if [ "$SPEXIS_SHARE_GPU" = mps ]; then mps_start || return 4; trap mps_stop EXIT; fi
+  fi
+  return 0
+}
+
+# mps_start / mps_stop: the NVIDIA MPS control daemon of this machine (runs as any user; the
+# control binary is not on PATH there). Every CUDA process started after mps_start with these
+# variables is an MPS client.
+MPS_CONTROL=${MPS_CONTROL:-$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)}
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps-pipe}
+  export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if [ -S "$CUDA_MPS_PIPE_DIRECTORY/control" ] && echo get_server_list | "$MPS_CONTROL" >/dev/null 2>&1; then
+    echo "MPS daemon already running"; return 0
+  fi
+  "$MPS_CONTROL" -d || { echo "MPS daemon did not start ($MPS_CONTROL)" >&2; return 1; }
+  sleep 1
+  echo "MPS daemon started (each PP rank a client with its share of the SMs)"
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | "$MPS_CONTROL" >/dev/null 2>&1 && echo "MPS daemon stopped"
   return 0
 }
 

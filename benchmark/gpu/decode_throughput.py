@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 CONFIGS = os.path.join(HERE, "configs")
 
 # Required on the offline H200 machines (/work/shared/gpu/README.md §3); keep in sync with
@@ -91,7 +93,11 @@ def _sp_args(n: int, theta: float) -> List[str]:
 
 
 def plan_configs(
-    stages: List[int], thetas: List[float], kinds: List[str], measured_theta: Optional[float] = None
+    stages: List[int],
+    thetas: List[float],
+    kinds: List[str],
+    measured_theta: Optional[float] = None,
+    old_python: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Every configuration: name, GPUs needed, launch args, how to read its latency.
 
@@ -120,6 +126,36 @@ def plan_configs(
             out.append(
                 _config(
                     f"spexis_sp{n}", "sp", n, _sp_args(n, variants[0]["theta"]), variants=variants
+                )
+            )
+    for n in stages:
+        if "spauto" in kinds and thetas:
+            # selective speculation chosen online: where speculation cannot pay, alpha drops
+            # drafts until SP runs like PP
+            variants = [
+                {"name": f"spexis_sp{n}_alphaauto_theta{th:g}", "theta": th} for th in thetas
+            ]
+            out.append(
+                _config(
+                    f"spexis_sp{n}_alphaauto",
+                    "sp",
+                    n,
+                    _sp_args(n, thetas[0]) + ["--spexis-alpha", "auto"],
+                    variants=variants,
+                )
+            )
+        if "spold" in kinds and thetas and old_python:
+            # the same SP server from another copy of the package (--old-python): a before /
+            # after in one call
+            variants = [{"name": f"spexis_sp{n}_before_theta{th:g}", "theta": th} for th in thetas]
+            out.append(
+                _config(
+                    f"spexis_sp{n}_before",
+                    "sp",
+                    n,
+                    _sp_args(n, thetas[0]),
+                    variants=variants,
+                    python_path=old_python,
                 )
             )
     # last, as they are second tries: stock PP with one micro-batch of slack (pp_loop_size =
@@ -184,6 +220,7 @@ class Server:
         log_path: str,
         local_cpu: bool,
         extra_env: Optional[Dict[str, str]] = None,
+        python_path: Optional[str] = None,
     ):
         for a in args:
             if any(f in a for f in FORBIDDEN):
@@ -204,9 +241,11 @@ class Server:
         ]
         self.log_path = log_path
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.path.join(REPO, "python") + (
+        env["PYTHONPATH"] = (python_path or os.path.join(REPO, "python")) + (
             ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
         )
+        # every rank's decode forwards timed on the device (the stage time T of the ideal)
+        env.setdefault("SPEXIS_GPU_TIMERS", "1")
         env.update(extra_env or {})
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         if env["NCCL_NVLS_ENABLE"] != "0":
@@ -333,22 +372,26 @@ def measure_batch(
     vocab: int,
     rng: random.Random,
     theta: Optional[float] = None,
+    input_len: Optional[int] = None,
 ) -> Dict[str, Any]:
     """``--repeats`` short/long pairs; the pair with the median ``T_step`` is the point (one
     iteration's time jitters by ±30% between sweeps of one server: run 3), the others' step
     times and their spread are kept."""
 
+    in_len = input_len or a.input_len
+
     def measure_pair() -> Dict[str, Any]:
         t_s, d_s, lens_s = one_run(
-            srv, rng, batch, a.input_len, a.short_output_len, vocab, a.request_timeout, theta
+            srv, rng, batch, in_len, a.short_output_len, vocab, a.request_timeout, theta
         )
         t_l, d_l, lens_l = one_run(
-            srv, rng, batch, a.input_len, a.output_len, vocab, a.request_timeout, theta
+            srv, rng, batch, in_len, a.output_len, vocab, a.request_timeout, theta
         )
         steps = a.output_len - a.short_output_len
         t_step = (t_l - t_s) / steps
         rec: Dict[str, Any] = {
             "batch": batch,
+            "input_len": in_len,
             "t_short_s": round(t_s, 4),
             "t_long_s": round(t_l, 4),
             "outputs_ok": all(x == a.short_output_len for x in lens_s)
@@ -452,10 +495,13 @@ def run_config(
         args += ["--mem-fraction-static", str(a.mem_fraction_static)]
     args += a.server_arg
     log = os.path.join(log_dir, f"{model}__{cfg['name']}.log")
-    srv = Server(model_dir, args, a.port, log, a.local_cpu, cfg.get("env"))
+    python_path = cfg.get("python_path")
+    srv = Server(model_dir, args, a.port, log, a.local_cpu, cfg.get("env"), python_path)
     for res in results:
         res["server_args"] = args
         res["server_env"] = cfg.get("env") or {}
+        if python_path:
+            res["python_path"] = os.path.relpath(python_path, REPO)
         res["cmd"] = " ".join(srv.cmd)
     rng = random.Random(1234)
     current = results[0]
@@ -475,17 +521,18 @@ def run_config(
             a.request_timeout,
             variants[0].get("theta"),
         )  # warm-up
+        sweeps = [(a.input_len, a.batches)] + a.extra_inputs
         for v, res in zip(variants, results):
             current = res
-            for b in a.batches:
+            for in_len, b in [(n, b) for n, bs in sweeps for b in bs]:
                 left = deadline - time.time()
                 if left < a.min_batch_s:
                     res["skipped_batches"].append(
-                        {"batch": b, "why": f"time budget ({left:.0f} s left)"}
+                        {"batch": b, "input_len": in_len, "why": f"time budget ({left:.0f} s left)"}
                     )
                     continue
                 try:
-                    rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"))
+                    rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     rec = {"batch": b, "error": repr(e)}
                     if srv.proc.poll() is not None:
@@ -500,7 +547,7 @@ def run_config(
                         f" it {1e3 * (sp['iter_time_s'] or 0):.2f} ms {sp['phase_ms_per_iteration']}"
                     )
                 print(
-                    f"  {model} {v['name']} B={b}: "
+                    f"  {model} {v['name']} in={in_len} B={b}: "
                     + (
                         f"{rec['decode_tok_s']:.0f} tok/s, step {rec['t_step_s'] * 1e3:.2f} ms{extra}"
                         if rec.get("decode_tok_s")
@@ -516,9 +563,29 @@ def run_config(
     finally:
         srv.stop()
     graphs = decode_graph_use(srv.log_path)
+    gpu_ms = gpu_forward_times(srv.log_path)
     for res in results:
         res["decode_log_lines_by_cuda_graph"] = graphs
+        res["gpu_forward_ms"] = gpu_ms
     return [r for r in results if r["batches"] or r["status"] != "run"]
+
+
+GPU_FORWARD_LINE = re.compile(r"Spexis GPU forward ms by rows \((.*?)\): (\{.*\})")
+
+
+def gpu_forward_times(log_path: str) -> Dict[str, Dict[str, List[float]]]:
+    """Each rank's device time per decode forward, ``{rank label: {"rows@ctx": [forwards,
+    mean ms]}}``: the last line each rank logged (``SPEXIS_GPU_TIMERS``, stats.GpuForwardTimer)."""
+    out: Dict[str, Dict[str, List[float]]] = {}
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = GPU_FORWARD_LINE.search(line)
+                if m:
+                    out[m.group(1)] = json.loads(m.group(2))
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def decode_graph_use(log_path: str) -> Dict[str, int]:
@@ -586,6 +653,11 @@ def best_per_batch_run(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
 def build_profiles(
     model: str, results: List[Dict[str, Any]], a: argparse.Namespace
 ) -> Dict[int, Dict[str, Any]]:
+    # the main sweep only (the --extra-input sweeps have other contexts)
+    results = [
+        dict(r, batches=[x for x in r["batches"] if x.get("input_len", a.input_len) == a.input_len])
+        for r in results
+    ]
     ok = [r for r in results if r["status"] == "run" and latency_table(r)]
     # one entry per (kind, n) for the planner: where stock PP ran in several settings (async
     # depth), the faster of them at each batch size, as the analysis compares SP against
@@ -691,8 +763,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--kinds",
         default="pp1,pp,tp,sp",
-        help="subset of pp1,pp,tp,sp,ppa,spsync (ppa: stock PP with --pp-async-batch-depth "
-        "1; spsync: SP with SPEXIS_SYNC_DRAFT_READ=1)",
+        help="subset of pp1,pp,tp,sp,ppa,spsync,spauto,spold (ppa: stock PP with "
+        "--pp-async-batch-depth 1; spsync: SP with SPEXIS_SYNC_DRAFT_READ=1; spauto: SP with "
+        "--spexis-alpha auto; spold: SP from --old-python)",
     )
     p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
     p.add_argument(
@@ -703,6 +776,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "trained head (labelled '_measured_head')",
     )
     p.add_argument("--batches", default="16,32,64,128,256,512")
+    p.add_argument(
+        "--extra-input",
+        action="append",
+        default=[],
+        help="one more sweep on the same servers: LEN:B1,B2,... (e.g. 2048:16,32,64); repeatable",
+    )
+    p.add_argument(
+        "--old-python",
+        default=None,
+        help="another copy of the package's python/ dir for kind spold (a before / after)",
+    )
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--short-output-len", type=int, default=16)
@@ -767,7 +851,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a.batches = sorted({int(x) for x in a.batches.split(",") if x})
     a.thetas = [float(x) for x in a.thetas.split(",") if x]
     a.kinds = [k for k in a.kinds.split(",") if k]
-    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spsync"}
+    a.extra_inputs = []
+    for x in a.extra_input:
+        n, _, bs = x.partition(":")
+        a.extra_inputs.append((int(n), sorted({int(b) for b in bs.split(",") if b})))
+    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spsync", "spauto", "spold"}
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
     if any(
@@ -777,7 +865,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--thetas must be in [0, 1]")
     if a.short_output_len >= a.output_len or a.short_output_len < 1:
         p.error("need 1 <= --short-output-len < --output-len")
-    if a.context_length < a.input_len + a.output_len + 8:
+    longest = max([a.input_len] + [n for n, _ in a.extra_inputs])
+    if a.context_length < longest + a.output_len + 8:
         p.error("--context-length too small for --input-len + --output-len")
     for x in a.server_arg:
         if any(f in x for f in FORBIDDEN):
@@ -798,7 +887,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.stages == "auto"
         else sorted({int(x) for x in a.stages.split(",")})
     )
-    cfgs = plan_configs(stages, a.thetas, a.kinds, a.measured_theta)
+    cfgs = plan_configs(stages, a.thetas, a.kinds, a.measured_theta, a.old_python)
     os.makedirs(a.out, exist_ok=True)
     log_dir = os.path.join("/tmp", f"spexis-decode-logs-{os.getpid()}")
     os.makedirs(log_dir, exist_ok=True)
@@ -899,7 +988,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"\n{name}: decode tok/s (ms per decode step), batches {a.batches}")
         for r in m["results"]:
             cells = []
-            by_b = {x["batch"]: x for x in r["batches"]}
+            by_b = {x["batch"]: x for x in r["batches"] if x.get("input_len") == a.input_len}
             for b in a.batches:
                 x = by_b.get(b)
                 cells.append(
@@ -922,6 +1011,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("\nnot run:")
         for x in summary["not_run"]:
             print(f"  {x['model']} {x['config']}: {x['why']}")
+    try:
+        from pipeline_ratio import compare, print_table
+
+        summary["comparison"] = compare(summary)
+        save()
+        print_table(summary["comparison"])
+    except Exception as e:  # noqa: BLE001 - the measurements are saved already
+        print(f"comparison failed: {e!r}")
     failed = [r for m in summary["models"].values() for r in m["results"] if r["status"] != "run"]
     return 1 if failed else 0
 

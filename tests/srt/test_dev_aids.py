@@ -56,3 +56,39 @@ def test_share_one_gpu_puts_every_rank_on_an_existing_gpu_with_its_own_nccl_host
     assert share_one_gpu(_scheduler_args(3, 1, 1), num_gpus=2)[2] == 1
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         share_one_gpu(_scheduler_args(0, 0, 0), num_gpus=0)
+
+
+def test_share_one_gpu_mps_gives_each_rank_its_share_of_the_sms(monkeypatch):
+    from types import SimpleNamespace
+
+    server_args = SimpleNamespace(pp_size=2, tp_size=1)
+    for name in ("NCCL_HOSTID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        monkeypatch.delenv(name, raising=False)
+    args = ("server_args", "port_args", 1, 0, 0, 0, 0, 1, None, "pipe")
+    share_one_gpu((server_args, *args[1:]), num_gpus=1, mode="mps")
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    # four ranks on two GPUs: two clients a GPU
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    share_one_gpu((SimpleNamespace(pp_size=2, tp_size=2), *args[1:]), num_gpus=2, mode="mps")
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    # plain sharing leaves MPS alone; a caller's setting wins
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    share_one_gpu((server_args, *args[1:]), num_gpus=1, mode="1")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30")
+    share_one_gpu((server_args, *args[1:]), num_gpus=1, mode="mps")
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+def test_share_gpu_mode_reads_the_switch(monkeypatch):
+    from spexis_sglang.srt.config import share_gpu_mode
+
+    for value, mode in ((None, None), ("0", None), ("1", "1"), ("mps", "mps")):
+        if value is None:
+            monkeypatch.delenv("SPEXIS_SHARE_GPU", raising=False)
+        else:
+            monkeypatch.setenv("SPEXIS_SHARE_GPU", value)
+        assert share_gpu_mode() == mode
+    monkeypatch.setenv("SPEXIS_SHARE_GPU", "yes")
+    with pytest.raises(ValueError, match="SPEXIS_SHARE_GPU='yes'"):
+        share_gpu_mode()

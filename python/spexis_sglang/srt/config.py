@@ -36,9 +36,18 @@ ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
 #: each row's request, position, input token, draft, confidence and length bucket, as the
 #: scheduler received them (CUDA-graph replays included; ENV_DRAFT_TRACE sees eager forwards)
 ENV_DRAFT_LOG = "SPEXIS_DRAFT_LOG"
-#: "1": every rank of the server runs on one GPU (hooks.share_one_gpu): PP on one GPU, for
-#: tests and developers on a one-GPU machine; NCCL then talks over loopback sockets
+#: every rank of the server runs on the GPUs there are (hooks.share_one_gpu), NCCL over
+#: loopback sockets: "mps", an emulated multi-GPU box (each rank an NVIDIA MPS client with its
+#: share of the SMs: kernels of the ranks run at once); "1", plain sharing (the ranks take
+#: turns: for correctness tests only)
 ENV_SHARE_GPU = "SPEXIS_SHARE_GPU"
+SHARE_GPU_MODES = ("1", "mps")
+#: "ipc": PP ranks sharing one GPU send their tensor messages through CUDA IPC buffers instead
+#: of NCCL over loopback sockets (stage_link.SameGpuLink; the GPU scripts set it under mps)
+ENV_PP_TRANSPORT = "SPEXIS_PP_TRANSPORT"
+#: "1": time each rank's decode forwards on the device (CUDA events) by batch rows, logged
+#: per rank every few seconds and under /server_info (stats.GpuForwardTimer)
+ENV_GPU_TIMERS = "SPEXIS_GPU_TIMERS"
 
 
 def env_flag(name: str) -> bool:
@@ -49,6 +58,16 @@ def env_flag(name: str) -> bool:
 def env_value(name: str) -> Optional[str]:
     """A developer setting from the environment (None when unset or empty)."""
     return os.environ.get(name) or None
+
+
+def share_gpu_mode() -> Optional[str]:
+    """``SPEXIS_SHARE_GPU``: ``"mps"``, ``"1"`` or None (off)."""
+    mode = env_value(ENV_SHARE_GPU)
+    if mode in (None, "0"):
+        return None
+    if mode not in SHARE_GPU_MODES:
+        raise ValueError(f"{ENV_SHARE_GPU}={mode!r}: expected one of {SHARE_GPU_MODES} or 0")
+    return mode
 
 
 @dataclasses.dataclass(frozen=True)

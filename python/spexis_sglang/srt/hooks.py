@@ -106,22 +106,29 @@ def install_cpu_paged_kernels() -> None:
 
 
 # positions of run_scheduler_process's arguments, as SGLang's launcher passes them
-_GPU_ID_ARG, _TP_RANK_ARG, _PP_RANK_ARG = 2, 3, 7
+_SERVER_ARGS_ARG, _GPU_ID_ARG, _TP_RANK_ARG, _PP_RANK_ARG = 0, 2, 3, 7
 
 
-def share_one_gpu(args: tuple, num_gpus: int) -> tuple:
-    """``SPEXIS_SHARE_GPU=1``: the scheduler arguments with every rank on a GPU that exists.
+def share_one_gpu(args: tuple, num_gpus: int, mode: str = "1") -> tuple:
+    """``SPEXIS_SHARE_GPU``: the scheduler arguments with every rank on a GPU that exists.
 
     SGLang gives PP rank ``p`` GPU ``p`` (more with TP), and NCCL refuses two ranks on one GPU
     ("Duplicate GPU detected") when they share a host id. Each rank gets its own
     ``NCCL_HOSTID``, so NCCL takes the ranks for different hosts and sends over loopback
-    sockets. What one GPU can then check: PP=2 SP serving, its CUDA-graph replays equal to
-    eager execution (``tests/e2e/test_sp_graphs.py``). Not for timing: the stages share a GPU.
+    sockets.
+
+    ``mode`` ``"mps"``: an emulated multi-GPU box. Under an NVIDIA MPS daemon (the GPU scripts
+    start it) every rank is a client with ``100 / ranks`` percent of the SMs
+    (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, read when the process creates its CUDA context),
+    and the ranks' kernels run at once; the ranks still share the GPU's memory bandwidth and
+    NCCL still goes over sockets, which real GPUs do not. ``"1"``: plain sharing, for tests of
+    correctness only (without MPS the ranks' kernels only take turns: their timings say
+    nothing about several GPUs).
     """
     import os
 
     if num_gpus < 1:
-        raise RuntimeError("SPEXIS_SHARE_GPU=1 needs a CUDA GPU")
+        raise RuntimeError("SPEXIS_SHARE_GPU needs a CUDA GPU")
     args = list(args)
     tp_rank, pp_rank = args[_TP_RANK_ARG], args[_PP_RANK_ARG]
     args[_GPU_ID_ARG] = args[_GPU_ID_ARG] % num_gpus
@@ -129,19 +136,25 @@ def share_one_gpu(args: tuple, num_gpus: int) -> tuple:
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_IB_DISABLE", "1")
     os.environ.setdefault("NCCL_MNNVL_ENABLE", "0")
+    if mode == "mps":
+        server_args = args[_SERVER_ARGS_ARG]
+        ranks = max(1, int(server_args.pp_size) * int(server_args.tp_size))
+        ranks = -(-ranks // num_gpus)  # ranks per GPU
+        os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(max(1, 100 // ranks)))
     return tuple(args)
 
 
 def run_spexis_scheduler_process(*args, **kwargs):
     """SGLang's ``run_scheduler_process`` with Spexis' hooks installed first."""
     from spexis_sglang.cpu_support import install_startup_hooks
-    from spexis_sglang.srt.config import ENV_SHARE_GPU, env_flag
+    from spexis_sglang.srt.config import share_gpu_mode
 
     install_startup_hooks()
-    if env_flag(ENV_SHARE_GPU):
+    share = share_gpu_mode()
+    if share:
         import torch
 
-        args = share_one_gpu(args, torch.cuda.device_count())
+        args = share_one_gpu(args, torch.cuda.device_count(), share)
     install()
     from sglang.srt.managers import scheduler
 

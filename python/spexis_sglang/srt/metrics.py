@@ -20,7 +20,8 @@ class SpexisMetrics:
         names = list(self.labels)
         self.rows = Counter(
             "spexis:rows",
-            "Decode rows launched, by kind (normal, spec) and rows whose result was stale.",
+            "Decode rows launched, by kind (normal, spec), rows whose result was stale, and "
+            "speculative rows the device redid as normal rows (redone).",
             labelnames=names + ["kind"],
         )
         self.verdicts = Counter(
@@ -94,6 +95,7 @@ class SpexisMetrics:
             ("normal", "rows_normal"),
             ("spec", "rows_spec"),
             ("stale", "rows_stale"),
+            ("redone", "rows_redone"),
         ):
             if delta(key):
                 self.rows.labels(**self.labels, kind=kind).inc(delta(key))

@@ -23,8 +23,15 @@ PROXY_LENGTH_BUCKET = "spexis_length_bucket"
 #: stage 0's drafts packed for the host (:func:`pack_drafts`): one device-to-host copy per
 #: iteration instead of one per tensor; read by stage 0's scheduler only, never sent down
 PROXY_DRAFT_HOST = "spexis_draft_host"
+#: each row's position as stage 0 ran it (int64 ``[rows]``), sent down with the proxy of a
+#: batch launched before the results it depends on were processed: where the transit batch
+#: rejected a row's chain, the row ran as the normal row at an earlier position
+#: (``SlotState.conditional_alternatives``), and the later stages run it there too
+PROXY_POSITIONS = "spexis_positions"
 #: every proxy key of ours starts with this (what the later stages keep from a received proxy)
 PROXY_PREFIX = "spexis_"
+#: the keys the last stage sends back to stage 0 with the true tokens
+PROXY_RETURNED = (PROXY_DRAFT_IDS, PROXY_DRAFT_CONF)
 #: stage 0's own proxy keys, dropped before the proxy goes down the pipe
 PROXY_STAGE0_ONLY = (PROXY_LENGTH_BUCKET, PROXY_DRAFT_HOST)
 

@@ -125,6 +125,15 @@ class AlphaController:
             self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
         return slots.select(rows, self.iteration_alpha)
 
+    def needs_confidences(self) -> bool:
+        """The next :meth:`select` reads the drafts' confidences: to drop some, or to rank the
+        candidates of an observed iteration (the SP loop otherwise records placeholders and
+        does not wait for the drafts to reach the host)."""
+        if self.auto or self.fixed > 0:
+            return True
+        k = self.observe_every
+        return k == 1 or (self.online.iteration + 1) % k == 0
+
     def on_launch(self, rows: Rows, iteration: int) -> None:
         """A decode batch built at loop iteration ``iteration`` is launched."""
         observed = self._observed

@@ -21,7 +21,13 @@ from spexis_sglang.core.row_hash import below64, row_key, uniform64, uniform64_s
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt.protocol import FORCE_ACCEPT_PARAM, FORCED_LABEL
 
-__all__ = ["ForcedAcceptance", "force_accept_param_error", "uniform64", "uniform64_scalar"]
+__all__ = [
+    "ForcedAcceptance",
+    "force_accept_param_error",
+    "rejected_token",
+    "uniform64",
+    "uniform64_scalar",
+]
 
 
 def force_accept_param_error(req: Req, mode_on: bool) -> Optional[str]:
@@ -38,6 +44,19 @@ def force_accept_param_error(req: Req, mode_on: bool) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         return f"custom_params.{FORCE_ACCEPT_PARAM} must be a number in [0, 1], got {value!r}"
     return None
+
+
+def rejected_token(true_ids, drafts, vocab_size: int):
+    """The token a forced rejection commits: the model's, or the next id where the model
+    agreed with the draft (numpy arrays or torch tensors alike)."""
+    where = np.where if isinstance(true_ids, np.ndarray) else _torch_where
+    return where(true_ids == drafts, (drafts + 1) % vocab_size, true_ids)
+
+
+def _torch_where(cond, a, b):
+    import torch
+
+    return torch.where(cond, a, b)
 
 
 class ForcedAcceptance:
@@ -67,15 +86,21 @@ class ForcedAcceptance:
         self._key[slot] = row_key(int(self._base[slot]), epoch)
         self._threshold[slot] = self._theta[slot] * 2.0**64
 
+    def accepts(self, slots: np.ndarray, positions: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """Whether the row ``(slot, position, epoch)`` accepts the draft built on it (if one
+        is): ``uniform64(base, position, epoch - epoch0) < theta``. A function of the row
+        alone, so it is known before the row's true token is (the pipelined loop decides on
+        the host which rows the device redoes)."""
+        return below64(self._key[slots], positions, epochs, self._threshold[slots])
+
     def true_tokens(
         self, rows: Rows, true_ids: np.ndarray, drafts: np.ndarray, built_on_draft: np.ndarray
     ) -> np.ndarray:
         """The tokens verification should see: for a row whose next position carries a
-        launched draft, the draft with probability Θ, otherwise a token that differs from it."""
-        s = rows.slot
-        # uniform64(base, position, epoch - epoch0) < theta, per row
-        accept = below64(self._key[s], rows.position, rows.epoch, self._threshold[s])
-        rejected = np.where(true_ids == drafts, (drafts + 1) % self.vocab_size, true_ids)
+        launched draft, the draft with probability Θ, otherwise a token that differs from it
+        (:func:`rejected_token`)."""
+        accept = self.accepts(rows.slot, rows.position, rows.epoch)
+        rejected = rejected_token(true_ids, drafts, self.vocab_size)
         return np.where(built_on_draft, np.where(accept, drafts, rejected), true_ids)
 
     def label(self, req: Req) -> None:

@@ -47,10 +47,12 @@ keeps its slots until its in-flight rows have drained (``SlotState.pop_drained``
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -75,12 +77,15 @@ from spexis_sglang.core.slot_state import NO_LIMIT, Rows, SlotState
 from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
     ENV_DRAFT_LOG,
+    ENV_GPU_TIMERS,
+    ENV_PP_TRANSPORT,
     ENV_PROFILE_LOOP,
     ENV_SYNC_DRAFT_READ,
     SpexisConfig,
     env_flag,
     env_value,
     get_config,
+    share_gpu_mode,
 )
 from spexis_sglang.srt.host_staging import HostReadback, HostStaging
 from spexis_sglang.srt.input_validation import request_input_error
@@ -94,7 +99,9 @@ from spexis_sglang.srt.protocol import (
     PROXY_DRAFT_HOST,
     PROXY_DRAFT_IDS,
     PROXY_LENGTH_BUCKET,
+    PROXY_POSITIONS,
     PROXY_PREFIX,
+    PROXY_RETURNED,
     PROXY_STAGE0_ONLY,
     SpexisPlan,
     pack_drafts,
@@ -105,12 +112,17 @@ from spexis_sglang.srt.relay import PipeRequestReceiver, open_local_relay
 from spexis_sglang.srt.request_poll import nothing_queued_check, receives_multimodal_waiting
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch
-from spexis_sglang.srt.sp_forced import ForcedAcceptance, force_accept_param_error
+from spexis_sglang.srt.sp_forced import (
+    ForcedAcceptance,
+    force_accept_param_error,
+    rejected_token,
+)
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL, make_length_oracle
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs, set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
 from spexis_sglang.srt.sp_sampling import SlotSampling
 from spexis_sglang.srt.stats import (
+    GpuForwardTimer,
     SpexisStats,
     StockPPPhaseTimers,
     phase_timers_enabled,
@@ -133,17 +145,63 @@ class _PendingDrafts:
         self._packed = packed  # pack_drafts' layout, on the host once the event is done
         self._event = event
         self._source = source  # keeps the copy's device tensor alive until it is read
-        self._buckets = buckets
+        self.has_buckets = buckets
+
+    def ready(self) -> bool:
+        """The copy has landed (reading does not wait)."""
+        return self._event is None or self._event.query()
+
+    def placeholders(self) -> Tuple[np.ndarray, np.ndarray]:
+        """What a rank records without reading: placeholder ids, confidence 1."""
+        n = len(self.rows)
+        return np.full(n, PLACEHOLDER_TOKEN, dtype=np.int64), np.ones(n)
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Draft ids, confidences and (stage 0 with a predictor) length buckets, per row."""
-        n = len(self.rows)
         if self._packed is None:
-            return np.full(n, PLACEHOLDER_TOKEN, dtype=np.int64), np.ones(n), None
+            return (*self.placeholders(), None)
         if self._event is not None:
             self._event.synchronize()
         ids, conf, buckets = unpack_drafts(self._packed.numpy())
-        return ids, conf, buckets if self._buckets else None
+        return ids, conf, buckets if self.has_buckets else None
+
+
+class _TransitOutputs:
+    """What the last stage returned for the batch in transit: the tensors on this rank's
+    device (stage 0's redo reads the true tokens and drafts there) and their host copy."""
+
+    def __init__(self, tensors: Dict[str, torch.Tensor], n: int, readback: HostReadback):
+        self.tensors = tensors
+        ids = tensors["next_token_ids"][:n].to(torch.int64)
+        drafts = tensors.get(PROXY_DRAFT_IDS)  # a prefill's drafts are never verified
+        drafts = torch.zeros_like(ids) if drafts is None else drafts[:n]
+        # true token and the draft it verifies, per row, in one device-to-host copy
+        self.device = torch.stack((ids, drafts))
+        self._host, self._event = readback.start(self.device)
+        #: SGLang's result record, for batches that need more than the tokens (logprobs)
+        self.batch_result = None
+        self.result_event = None
+
+    def read(self) -> Tuple[np.ndarray, np.ndarray]:
+        """True tokens and the drafts they verify, on the host (waits for the copy)."""
+        if self._event is not None:
+            self._event.synchronize()
+        host = self._host.numpy()
+        return host[0].astype(np.int64, copy=False), host[1].astype(np.int64, copy=False)
+
+
+@dataclass
+class _LaunchPlan:
+    """How the device completes a decode batch when it launches (``run_batch``)."""
+
+    #: some rows take their input from stage 0's latest draft on the device
+    has_spec: bool
+    #: rows with an alternative: the transit batch's verdict decides where they run
+    alternatives: Optional[torch.Tensor] = None
+    #: per row, its request's row in the transit batch (meaningful where it has an alternative)
+    transit_rows: Optional[torch.Tensor] = None
+    #: the transit batch's outputs (set between scheduling and launch, stage 0)
+    transit: Optional[_TransitOutputs] = None
 
 
 @dataclass
@@ -187,6 +245,19 @@ class SPLoopState:
     staging: Optional[HostStaging] = None
     #: the drafts' device-to-host copy, into pinned buffers (a no-op on CPU)
     readback: Optional[HostReadback] = None
+    #: the transit batches' true tokens, device to host (a no-op on CPU)
+    output_readback: Optional[HostReadback] = None
+    #: the rows of a request the device may redo when the transit batch rejects their chain
+    #: (tokens only, no penalizer, and an attention backend that reads lengths on the device)
+    patchable: Optional[np.ndarray] = None
+    #: stage 0: each slot's latest draft on the device (the input of its next speculative row)
+    draft_by_slot: Optional[torch.Tensor] = None
+    #: each slot's row in the transit batch (scratch of _sp_transit_rows)
+    transit_row: Optional[np.ndarray] = None
+    #: the last stage: its own outputs of the batches in flight, oldest first
+    own_outputs: Deque[_TransitOutputs] = field(default_factory=deque)
+    #: stage 0: launched batches whose length buckets have not reached the host yet
+    late_buckets: List[_PendingDrafts] = field(default_factory=list)
 
 
 def _max_new_left(req: Req) -> int:
@@ -236,16 +307,64 @@ class SpexisScheduler(Scheduler):
         return min(res, self.req_to_token_pool.available_size())
 
     def event_loop_pp(self):
+        self.sp_link = self._sp_open_link()
         if not self.sp_enabled:
             if phase_timers_enabled():
                 self.stock_pp_timers = StockPPPhaseTimers(self)
             return super().event_loop_pp()
         return self.event_loop_sp()
 
+    def _sp_open_link(self):
+        """``SPEXIS_PP_TRANSPORT=ipc`` with every PP rank on one GPU: the PP tensor messages
+        go through CUDA IPC (``stage_link``), stock PP's and SP's alike; else None (NCCL)."""
+        if env_value(ENV_PP_TRANSPORT) != "ipc":
+            return None
+        if not (share_gpu_mode() and torch.cuda.is_available() and torch.cuda.device_count() == 1):
+            logger.warning("%s=ipc needs every PP rank on one GPU: using NCCL", ENV_PP_TRANSPORT)
+            return None
+        if self.ps.tp_size > 1 or get_parallel().enable_dp_attention:
+            logger.warning(
+                "%s=ipc supports TP=1 without DP attention: using NCCL", ENV_PP_TRANSPORT
+            )
+            return None
+        from spexis_sglang.srt.stage_link import SameGpuLink, proxy_slot_bytes
+
+        rows = max(int(self.max_running_requests), int(self.server_args.cuda_graph_max_bs or 0))
+        slot = proxy_slot_bytes(rows, self.model_config.hidden_size, self.model_config.dtype)
+        return SameGpuLink.open(self.pp_group, slot)
+
+    def _pp_send_dict_to_next_stage(self, tensor_dict, async_send=True, msg_type="default"):
+        link = getattr(self, "sp_link", None)
+        if link is None:
+            return super()._pp_send_dict_to_next_stage(tensor_dict, async_send, msg_type)
+        tensor_dict["__msg_type__"] = msg_type
+        link.send(tensor_dict)
+        return []
+
+    def _pp_recv_typed_dict(self, expected_kind="default", all_gather_group=None):
+        link = getattr(self, "sp_link", None)
+        if link is None:
+            return super()._pp_recv_typed_dict(expected_kind, all_gather_group)
+        stashed = self._pp_tensor_dict_inbox[expected_kind]
+        if stashed:
+            return stashed.popleft()
+        while True:  # as stock: a message of another kind waits in the inbox
+            tensor_dict = link.recv()
+            kind = tensor_dict.get("__msg_type__", "default")
+            if kind == expected_kind:
+                return tensor_dict
+            self._pp_tensor_dict_inbox[kind].append(tensor_dict)
+
     def init_sp_state(self) -> None:
         self.init_pp_loop_state()
         if get_parallel().pp_async_batch_depth != 0:
             raise ValueError("Spexis needs --pp-async-batch-depth 0")
+        # One batch more in flight than stock PP: iteration b launches before the results of
+        # b - N are processed (they travel to the device meanwhile; see event_loop_sp).
+        self.pp_loop_size = self.ps.pp_size + 1
+        self.mbs = [None] * self.pp_loop_size
+        self.last_mbs = [None] * self.pp_loop_size
+        self.mb_metadata = [None] * self.pp_loop_size
         capacity = self.req_to_token_pool.req_to_token.shape[0]
         vocab = self.model_config.vocab_size
         cfg = self.spexis_config
@@ -261,10 +380,11 @@ class SpexisScheduler(Scheduler):
                 cfg.force_accept,
                 FORCED_LABEL,
             )
+        device = self.req_to_token_pool.device
         self.sp = SPLoopState(
             # a request has at most one row per launched batch, and a batch returns
             # pp_loop_size launches later
-            slots=SlotState(capacity, depth=self.pp_loop_size),
+            slots=SlotState(capacity, depth=self.pp_loop_size, pipelined=True),
             req_at=np.full(capacity, None, dtype=object),
             running=ScheduleBatch(reqs=[], batch_is_full=False),
             sampling=SlotSampling(capacity, vocab) if self.pp_group.is_last_rank else None,
@@ -275,10 +395,29 @@ class SpexisScheduler(Scheduler):
             rank0=self.pp_group.is_first_rank,
             alpha=self._sp_make_alpha_controller(capacity),
             # a decode batch's copy is done once its result is in, pp_loop_size launches later
-            staging=HostStaging(self.req_to_token_pool.device, depth=2 * self.pp_loop_size + 2),
+            staging=HostStaging(device, depth=2 * self.pp_loop_size + 2),
             # a batch's drafts are read when the next decode batch is built
-            readback=HostReadback(self.req_to_token_pool.device, depth=2 * self.pp_loop_size + 2),
+            readback=HostReadback(device, depth=2 * self.pp_loop_size + 2),
+            # a transit batch's tokens are read in the iteration they arrive
+            output_readback=HostReadback(device, depth=2 * self.pp_loop_size + 2),
+            patchable=np.zeros(capacity, dtype=bool),
+            transit_row=np.zeros(capacity, dtype=np.int64),
         )
+        if self.sp.rank0:
+            self.sp.draft_by_slot = torch.zeros(capacity, dtype=torch.int64, device=device)
+        # The device redoes a row where the transit batch rejects its chain only if the
+        # attention backend reads the batch's lengths on the device (on a CPU the host values
+        # are fixed up too): otherwise such rows simply go stale.
+        backend = getattr(self.tp_worker.model_runner, "attn_backend", None)
+        on_cpu = torch.device(device).type == "cpu"
+        self.sp_redo_rows = on_cpu or not getattr(backend, "needs_cpu_seq_lens", True)
+        if not self.sp_redo_rows:
+            logger.warning(
+                "Spexis: the attention backend %s reads sequence lengths on the host; rows "
+                "built on a draft the transit batch rejects are not redone on the device "
+                "(they go stale: fewer tokens per row, outputs unchanged)",
+                type(backend).__name__,
+            )
         if self.sp.alpha is not None:
             self.sp.alpha.update_stats(self.sp.stats)
         # Stock abort handling scans running_mbs and mbs for in-flight requests.
@@ -381,7 +520,18 @@ class SpexisScheduler(Scheduler):
     # ------------------------------------------------------------------ event loop
     @DynamicGradMode()
     def event_loop_sp(self):
-        """Stock ``event_loop_pp`` (same communication choreography), SP batches."""
+        """SP's pipeline loop: every iteration builds a batch of all running requests,
+        launches it and sends it on at once, then verifies the batch launched N iterations
+        ago, whose true tokens reached the device meanwhile.
+
+        What sits between two forward passes of a stage is only device work and the
+        transfers: stage 0 builds iteration b while the later stages still run the earlier
+        ones, its rows assuming that the batch in transit (b - N) accepts their chains; the
+        device redoes a row where it rejects (``_sp_resolve_rows``), and the host records that
+        when it processes b - N after the launch (``SlotState.conditional_alternatives``).
+        Stock PP instead sends a stage's proxy only after processing an older result, so the
+        host's work for every iteration adds to the pipeline's critical path.
+        """
         self.init_sp_state()
         sp = self.sp
         timer = sp.stats.phases
@@ -393,75 +543,122 @@ class SpexisScheduler(Scheduler):
             for mb_id in range(self.pp_loop_size):
                 timer.start()
                 self.running_batch = sp.running
-                next_first_rank_mb_id = (mb_id + self.ps.pp_size) % self.pp_loop_size
-                next_mb_id = (mb_id + 1) % self.pp_loop_size
+                # launched N iterations ago: its outputs arrive in this one
+                transit_id = (mb_id + 1) % self.pp_loop_size
+                transit = self.mbs[transit_id]
 
-                # recv + schedule + relay
-                recv_reqs, plan_in = self._sp_recv_requests()
-                if recv_reqs:
-                    # a request handler may read the running requests' output
-                    self.sp_flush_tokens()
-                self.process_input_requests(recv_reqs)
-                cur_batch, plan_out = self.sp_get_next_batch(plan_in)
+                cur_batch = self._sp_schedule(transit)
                 self.mbs[mb_id] = cur_batch
-                self.cur_batch_for_debug = cur_batch
-                self._sp_relay_requests(recv_reqs, plan_out)
                 timer.mark("schedule")
-
-                # launch (later stages first wait for the previous stage's proxy)
+                outputs = self._sp_collect(transit, transit_id)
+                timer.mark("wait_output")
                 result = None
                 if cur_batch:
                     server_is_idle = False
-                    pp_proxy_tensors = self._pp_recv_proxy_tensors()
-                    if pp_proxy_tensors is not None:
-                        # a CUDA-graph replay upstream pads them to its batch bucket
-                        n = len(cur_batch.reqs)
-                        cur_batch.spexis_extras = {
-                            k: v[:n]
-                            for k, v in pp_proxy_tensors.tensors.items()
-                            if k.startswith(PROXY_PREFIX)
-                        }
-                self._pp_commit_comm_work(self.send_proxy_work)
-                if cur_batch:
-                    result, self.launch_event = self._pp_launch_batch(
-                        mb_id,
-                        cur_batch,
-                        pp_proxy_tensors,
-                        self.mb_metadata,
-                        self.last_rank_comm_queue,
-                    )
-                    self.sp_after_launch(cur_batch, result)
+                    result = self._sp_launch(mb_id, cur_batch, outputs)
                 timer.mark("launch")
-
-                # collect + verify the batch launched pp_loop_size - 1 iterations ago
-                next_pp_outputs, next_batch_result, d2h_event = (
-                    self._pp_commit_send_output_work_and_preprocess_output_tensors(
-                        next_first_rank_mb_id, next_mb_id
-                    )
-                )
-                timer.mark("wait_output")
-                if self.mbs[next_mb_id] is not None:
-                    d2h_event.synchronize()
-                    timer.mark("wait_output")
-                    self.sp_process_result(self.mbs[next_mb_id], next_batch_result, next_pp_outputs)
-                    self.last_mbs[next_mb_id] = self.mbs[next_mb_id]
+                if cur_batch:
+                    self._sp_send(cur_batch, result)
+                timer.mark("send")
+                if transit is not None:
+                    self._sp_verify(transit, outputs)
+                    self.last_mbs[transit_id] = transit
                     timer.mark("process")
-
-                # send this batch's proxy on, then free what has drained
-                if not self.pp_group.is_last_rank and cur_batch:
-                    self._sp_send_proxy(cur_batch, result)
-                self.pp_outputs = next_pp_outputs
                 self.sp_release_drained()
                 sp.iteration += 1
-                if cur_batch is not None or self.mbs[next_mb_id] is not None:
-                    timer.mark("send")
+                if cur_batch is not None or transit is not None:
                     timer.commit()
                 else:
-                    timer.discard()  # idle (drafts of finished requests only)
+                    timer.discard()  # idle
 
             if server_is_idle:
                 self.on_idle()
             self.sp_maybe_log()
+
+    def _sp_schedule(self, transit: Optional[ScheduleBatch]) -> Optional[ScheduleBatch]:
+        """Receive requests, build this iteration's batch, relay both to the next stage."""
+        recv_reqs, plan_in = self._sp_recv_requests()
+        if recv_reqs:
+            # a request handler may read the running requests' output
+            self.sp_flush_tokens()
+        self.process_input_requests(recv_reqs)
+        cur_batch, plan_out = self.sp_get_next_batch(plan_in, transit)
+        self.cur_batch_for_debug = cur_batch
+        self._sp_relay_requests(recv_reqs, plan_out)
+        return cur_batch
+
+    def _sp_collect(
+        self, transit: Optional[ScheduleBatch], transit_id: int
+    ) -> Optional[_TransitOutputs]:
+        """The transit batch's outputs on this rank's device (received from the previous
+        stage, which on stage 0 is the last one; the last stage has its own), with their
+        copy to the host started. Stage 0 forwards them to a middle stage."""
+        if transit is None:
+            return None
+        sp = self.sp
+        if self.pp_group.is_last_rank:
+            outputs = sp.own_outputs.popleft()
+        else:
+            tensors = self._pp_recv_dict_from_prev_stage()
+            if self.ps.pp_rank < self.ps.pp_size - 2:  # the next stage is not the last
+                self._pp_commit_comm_work(self.send_output_work)
+                self.send_output_work = self._pp_send_dict_to_next_stage(
+                    dict(tensors), async_send=True, msg_type="output"
+                )
+            outputs = _TransitOutputs(tensors, len(transit.reqs), sp.output_readback)
+        if getattr(transit, "spexis_kind", None) != "decode" or transit.return_logprob:
+            # SGLang's own result record (prefill results, logprobs), as stock PP makes it
+            with self.copy_stream_ctx:
+                self.copy_stream.wait_stream(self.schedule_stream)
+                outputs.batch_result = self._pp_prep_batch_result(
+                    transit, self.mb_metadata[transit_id], PPProxyTensors(outputs.tensors)
+                )
+                outputs.result_event = self.device_module.Event()
+                outputs.result_event.record(self.device_module.current_stream())
+        return outputs
+
+    def _sp_launch(self, mb_id: int, batch: ScheduleBatch, outputs: Optional[_TransitOutputs]):
+        """Launch ``batch`` (later stages first receive the previous stage's proxy)."""
+        pp_proxy_tensors = self._pp_recv_proxy_tensors()
+        if pp_proxy_tensors is not None:
+            # a CUDA-graph replay upstream pads them to its batch bucket
+            n = len(batch.reqs)
+            batch.spexis_extras = {
+                k: v[:n] for k, v in pp_proxy_tensors.tensors.items() if k.startswith(PROXY_PREFIX)
+            }
+        plan: Optional[_LaunchPlan] = getattr(batch, "spexis_launch", None)
+        if plan is not None:
+            plan.transit = outputs
+        # the previous proxy's send reads a CUDA graph's outputs, which this launch overwrites
+        self._pp_commit_comm_work(self.send_proxy_work)
+        result, self.launch_event = self._pp_launch_batch(
+            mb_id, batch, pp_proxy_tensors, self.mb_metadata, self.last_rank_comm_queue
+        )
+        self.sp_after_launch(batch, result)
+        return result
+
+    def _sp_send(self, batch: ScheduleBatch, result) -> None:
+        """Send what the next stage waits for as soon as it is queued: the proxy down the
+        pipe, or (the last stage) the outputs back to stage 0."""
+        if not self.pp_group.is_last_rank:
+            self._sp_send_proxy(batch, result)
+            return
+        event, tensors = self.last_rank_comm_queue.popleft()
+        self._pp_commit_comm_work(self.send_output_work)
+        self.device_module.current_stream().wait_event(event)
+        self.send_output_work = self._pp_send_dict_to_next_stage(
+            tensors.tensors, async_send=True, msg_type="output"
+        )
+        # this stage verifies from its own outputs, N iterations later
+        self.sp.own_outputs.append(
+            _TransitOutputs(tensors.tensors, len(batch.reqs), self.sp.output_readback)
+        )
+
+    def _sp_verify(self, transit: ScheduleBatch, outputs: _TransitOutputs) -> None:
+        """The transit batch's results on the host: verdicts, tokens, finished requests."""
+        if outputs.result_event is not None:
+            outputs.result_event.synchronize()
+        self.sp_process_result(transit, outputs)
 
     def _sp_recv_requests(self) -> Tuple[list, Optional[SpexisPlan]]:
         """This iteration's requests, and stage 0's plan (later stages)."""
@@ -500,6 +697,9 @@ class SpexisScheduler(Scheduler):
         tensors = dict(result.pp_hidden_states_proxy_tensors.tensors)
         for key in PROXY_STAGE0_ONLY:
             tensors.pop(key, None)
+        positions = getattr(batch, "spexis_positions", None)
+        if positions is not None:  # stage 0 redid some rows: where each row ran
+            tensors[PROXY_POSITIONS] = positions
         for k, v in getattr(batch, "spexis_extras", {}).items():
             tensors.setdefault(k, v)
         self.send_proxy_work = self._pp_send_dict_to_next_stage(
@@ -518,14 +718,19 @@ class SpexisScheduler(Scheduler):
     def _pp_prepare_tensor_dict(self, result, batch):
         tensor_dict = super()._pp_prepare_tensor_dict(result, batch)
         # The last rank sends each row's draft back with its true token.
-        for k, v in getattr(batch, "spexis_extras", {}).items():
-            tensor_dict[k] = v
+        extras = getattr(batch, "spexis_extras", {})
+        for k in PROXY_RETURNED:
+            if k in extras:
+                tensor_dict[k] = extras[k]
         return tensor_dict
 
     # ------------------------------------------------------------------ scheduling
     def sp_get_next_batch(
-        self, plan_in: Optional[SpexisPlan]
+        self, plan_in: Optional[SpexisPlan], transit: Optional[ScheduleBatch] = None
     ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
+        """This iteration's batch: a prefill (SGLang's admission), else every running
+        request's next row. ``transit``: the batch whose results reach the device before this
+        one runs (a decode batch's verdicts then decide where some rows run)."""
         sp = self.sp
         plan_out = SpexisPlan(iteration=sp.iteration)
         self.process_pending_chunked_abort()
@@ -559,7 +764,8 @@ class SpexisScheduler(Scheduler):
         if prefill is not None:
             prefill.spexis_kind = "prefill"
             return prefill, plan_out
-        batch = self.sp_build_decode_batch(plan_in, plan_out)
+        pipelined = transit is not None and getattr(transit, "spexis_kind", None) == "decode"
+        batch = self.sp_build_decode_batch(plan_in, plan_out, transit if pipelined else None)
         return batch, plan_out
 
     def _sp_running_slots(self) -> np.ndarray:
@@ -626,14 +832,22 @@ class SpexisScheduler(Scheduler):
         return n
 
     def sp_build_decode_batch(
-        self, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
+        self,
+        plan_in: Optional[SpexisPlan],
+        plan_out: SpexisPlan,
+        transit: Optional[ScheduleBatch] = None,
     ) -> Optional[ScheduleBatch]:
-        """Every running request's next row (normal or on its draft), fitted to memory."""
-        self.sp_apply_drafts()
+        """Every running request's next row (normal or on its draft), fitted to memory.
+
+        ``transit``: the decode batch whose true tokens reach the device before this batch
+        runs. A row built on a draft of its request's row there gets an alternative: where
+        that row rejects, the device runs it as the normal row the rejection asks for."""
         sp = self.sp
+        self.sp_apply_drafts()
         if not sp.running.reqs:
             return None
-        rows = sp.slots.next_rows(self._sp_running_slots())
+        patchable = sp.patchable if transit is not None else None
+        rows = sp.slots.next_rows(self._sp_running_slots(), patchable)
         rows = self.sp_apply_selection(rows, plan_in, plan_out)
         retractions = sp.stats.retractions
         rows = self.sp_fit_memory(rows)
@@ -645,9 +859,23 @@ class SpexisScheduler(Scheduler):
         sp.stats.new_token_ratio = ratio.current
         if len(rows) == 0:
             return None
-        meta = self._sp_alloc_kv(rows)
+        alternatives = transit_rows = None
+        if transit is not None:
+            alternatives = sp.slots.conditional_alternatives(rows, patchable[rows.slot])
+            if sp.forced is not None:
+                # benchmark only: the verdict is a function of the transit row, known now;
+                # the device redoes exactly the rows whose chain it rejects
+                cond = np.flatnonzero(alternatives >= 0)
+                s = rows.slot[cond]
+                accepts = sp.forced.accepts(s, alternatives[cond] - 1, rows.epoch[cond])
+                alternatives[cond[accepts]] = -1
+            if (alternatives >= 0).any():
+                transit_rows = self._sp_transit_rows(transit, rows)
+            else:
+                alternatives = None
+        meta = self._sp_alloc_kv(rows, alternatives, transit_rows)
         launched_spec = sp.slots.stats.launched_spec
-        sp.slots.on_launch(rows)
+        sp.slots.on_launch(rows, alternatives=alternatives)
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
         st = sp.stats
@@ -655,10 +883,21 @@ class SpexisScheduler(Scheduler):
         st.rows_spec += n_spec
         st.rows_normal += len(rows) - n_spec
         st.decode_iterations += 1
-        return self._sp_decode_batch(rows, *meta)
+        return self._sp_decode_batch(rows, *meta, has_alternatives=alternatives is not None)
+
+    def _sp_transit_rows(self, transit: ScheduleBatch, rows: Rows) -> np.ndarray:
+        """Per row, the index of its request's row in the transit batch (0 if none)."""
+        index = self.sp.transit_row
+        t = transit.spexis_rows.slot
+        index[rows.slot] = 0
+        index[t] = np.arange(t.shape[0], dtype=np.int64)
+        return index[rows.slot]
 
     def _sp_alloc_kv(
-        self, rows: Rows
+        self,
+        rows: Rows,
+        alternatives: Optional[np.ndarray] = None,
+        transit_rows: Optional[np.ndarray] = None,
     ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, ...]]:
         """A new KV slot for every row that writes past its request's KV (one alloc, one
         index write). While a request decodes under SP, its KV length is the SlotState's
@@ -667,35 +906,46 @@ class SpexisScheduler(Scheduler):
         Returns the slots and sequence lengths on the host (SGLang's ``*_cpu`` fields), and
         the batch's metadata on the device, one copy, as views (one ``split``): tokens, slots,
         positions, sequence lengths (``n`` each), the lengths again as int32 (two to an int64:
-        ``orig_seq_lens`` without a cast kernel), then the slots and positions of the rows
-        that take a new KV slot (``k`` each; see ``_sp_decode_batch``)."""
+        ``orig_seq_lens`` without a cast kernel), the rows' alternatives and transit rows
+        (``n`` each, or empty; see ``sp_build_decode_batch``), then the slots and positions of
+        the rows that take a new KV slot (``k`` each). On stage 0 a speculative row's token
+        is -1: the device takes its request's latest draft (``_sp_resolve_rows``)."""
         need = self.sp.slots.needs_slot(rows)
         n, k = len(rows), int(np.count_nonzero(need))
         h = (n + 1) // 2
-        host = np.empty(4 * n + h + 2 * k, dtype=np.int64)
-        host[:n] = rows.token
+        a = n if alternatives is not None else 0
+        host = np.empty(4 * n + h + 2 * a + 2 * k, dtype=np.int64)
+        tokens = host[:n]
+        tokens[:] = rows.token
+        if self.sp.rank0:
+            tokens[rows.is_spec] = -1
         host[n : 2 * n] = rows.slot
         host[2 * n : 3 * n] = rows.position
         lens = host[3 * n : 4 * n]
         np.add(rows.position, 1, out=lens)
         host[4 * n : 4 * n + h].view(np.int32)[:n] = lens
+        at = 4 * n + h
+        if a:
+            host[at : at + n] = alternatives
+            host[at + n : at + 2 * n] = transit_rows
+        at += 2 * a
         if k:
-            host[4 * n + h : 4 * n + h + k] = rows.slot[need]
-            host[4 * n + h + k :] = rows.position[need]
+            host[at : at + k] = rows.slot[need]
+            host[at + k :] = rows.position[need]
         meta_cpu = torch.from_numpy(host)
         meta = self.sp.staging.to_device(meta_cpu)
-        parts = meta.split((n, n, n, n, h, k, k))  # one call for every view
+        parts = meta.split((n, n, n, n, h, a, a, k, k))  # one call for every view
         if meta is meta_cpu:
             parts_cpu = parts[1], parts[3]
         else:
             parts_cpu = meta_cpu[n : 2 * n], meta_cpu[3 * n : 4 * n]
         if k == 0:
             return parts_cpu, parts
-        new_slot_of, new_position = parts[5], parts[6]
+        new_slot_of, new_position = parts[7], parts[8]
         if self.token_to_kv_pool_allocator.page_size == 1:
             new_slots = self.token_to_kv_pool_allocator.alloc(k)
         else:
-            new_slots = self._sp_alloc_paged(new_slot_of, new_position, host[4 * n + h + k :])
+            new_slots = self._sp_alloc_paged(new_slot_of, new_position, host[at + k :])
         if new_slots is None:
             raise RuntimeError("Spexis: KV allocation failed after the memory check")
         req_to_token = self.req_to_token_pool.req_to_token
@@ -730,6 +980,7 @@ class SpexisScheduler(Scheduler):
         rows: Rows,
         meta_cpu: Tuple[torch.Tensor, torch.Tensor],
         meta: Tuple[torch.Tensor, ...],
+        has_alternatives: bool = False,
     ) -> ScheduleBatch:
         """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
         copy of ids, slots, positions and lengths; the tensors are views of it)."""
@@ -780,6 +1031,11 @@ class SpexisScheduler(Scheduler):
         batch.spexis_kind = "decode"
         batch.spexis_rows = rows
         batch.spexis_plain = plain
+        batch.spexis_launch = _LaunchPlan(
+            has_spec=self.sp.rank0 and bool(rows.is_spec.any()),
+            alternatives=meta[5] if has_alternatives else None,
+            transit_rows=meta[6] if has_alternatives else None,
+        )
         self.sp_set_penalties(batch)
         self.sp_set_grammar_masks(batch)
         return batch
@@ -925,16 +1181,71 @@ class SpexisScheduler(Scheduler):
         """SGLang's ``run_batch``; then, on stage 0, the copy of the decode batch's drafts to
         the host is queued at once, still inside the launch's forward-stream context (entering
         that context again costs the scheduler two stream switches per iteration)."""
+        timer = self.sp_gpu_timer
+        timed = timer is not None and batch.forward_mode.is_decode()
+        if timed:
+            timer.poll()
+            start = timer.start()
+        decode = getattr(batch, "spexis_kind", None) == "decode"
+        if decode:
+            self._sp_resolve_rows(batch)
         result = super().run_batch(batch, pp_proxy_tensors)
-        if getattr(batch, "spexis_kind", None) == "decode" and self.sp.rank0:
+        if decode and self.sp.rank0:
             self._sp_start_draft_readback(batch, result)
+        if timed:
+            timer.stop(start, len(batch.reqs), batch.seq_lens_sum)
         return result
 
+    @functools.cached_property
+    def sp_gpu_timer(self) -> Optional[GpuForwardTimer]:
+        """``SPEXIS_GPU_TIMERS=1`` on a GPU: this rank's decode forwards timed on the device
+        (stock servers started by the launcher too)."""
+        if not env_flag(ENV_GPU_TIMERS) or not torch.cuda.is_available():
+            return None
+        return GpuForwardTimer(f"pp rank {self.ps.pp_rank}, tp rank {self.ps.tp_rank}")
+
+    def _sp_resolve_rows(self, batch: ScheduleBatch) -> None:
+        """Complete a decode batch on the device, in stream order before its forward: stage
+        0's speculative rows take their request's latest draft, and rows with an alternative
+        run there where the transit batch rejected their chain (stage 0 decides from the true
+        tokens that just arrived, the later stages take the positions stage 0 sent)."""
+        plan: _LaunchPlan = batch.spexis_launch
+        sp = self.sp
+        slots = batch.req_pool_indices
+        if plan.has_spec:
+            batch.input_ids = torch.where(
+                batch.input_ids < 0, sp.draft_by_slot[slots], batch.input_ids
+            )
+        if plan.alternatives is None:
+            return
+        alt = plan.alternatives
+        if sp.rank0:
+            true_ids, drafts = plan.transit.device[:, plan.transit_rows]
+            rejected = alt >= 0
+            if sp.forced is None:
+                rejected &= true_ids != drafts
+                token = true_ids
+            else:  # benchmark only: the host chose the rows (sp_build_decode_batch)
+                token = rejected_token(true_ids, drafts, self.model_config.vocab_size)
+            batch.input_ids = torch.where(rejected, token, batch.input_ids)
+            positions = torch.where(rejected, alt, batch.seq_lens - 1)
+            batch.spexis_positions = positions
+        else:
+            positions = batch.spexis_extras[PROXY_POSITIONS]
+        batch.seq_lens.copy_(positions + 1)
+        batch.orig_seq_lens.copy_(batch.seq_lens)
+        req_to_token = self.req_to_token_pool.req_to_token
+        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
+        if batch.seq_lens.device.type == "cpu":  # exact host lengths (the GPU's are bounds)
+            batch.seq_lens_sum = int(batch.seq_lens.sum())
+
     def _sp_start_draft_readback(self, batch: ScheduleBatch, result) -> None:
-        """Stage 0: queue the packed drafts' copy behind the forward that made them (one copy,
-        one reusable event; on CPU the forward's own tensor)."""
+        """Stage 0: record the batch's drafts per slot on the device (the inputs of the next
+        speculative rows) and queue their copy to the host behind the forward that made them
+        (one copy, one reusable event; on CPU the forward's own tensor)."""
         n = len(batch.spexis_rows)  # a CUDA-graph replay returns its outputs padded
         tensors = result.pp_hidden_states_proxy_tensors.tensors
+        self.sp.draft_by_slot[batch.req_pool_indices] = tensors[PROXY_DRAFT_IDS][:n]
         packed = tensors[PROXY_DRAFT_HOST][:n]
         host, event = self.sp.readback.start(packed)
         batch.spexis_drafts = _PendingDrafts(
@@ -978,24 +1289,70 @@ class SpexisScheduler(Scheduler):
             self.sp_apply_drafts()
 
     def sp_apply_drafts(self) -> None:
-        """Record the drafts of the decode batches launched so far, oldest first."""
+        """Record the drafts of the decode batches launched so far, oldest first.
+
+        Their values are read (waiting for the copy behind the forward) only where the host
+        needs them: to choose which drafts to drop (alpha), for a grammar's draft mask or the
+        last stage's penalties, or the draft log. Otherwise a speculative row's input comes
+        from the device (``_sp_resolve_rows``) and verification compares the draft that
+        comes back with the true token, so placeholders are recorded and stage 0 does not
+        wait for its own forward; a predictor's length buckets are taken once they have
+        landed."""
         sp = self.sp
+        self._sp_apply_late_buckets()
         if not sp.pending_drafts:
             return
         with sp.stats.phases.phase("draft_sync"):
             pending, sp.pending_drafts = sp.pending_drafts, []
+            read = self._sp_needs_draft_values()
             for p in pending:
-                ids, conf, buckets = p.read()
                 rows = p.rows
+                if read:
+                    ids, conf, buckets = p.read()
+                else:
+                    (ids, conf), buckets = p.placeholders(), None
+                    if p.has_buckets:
+                        sp.late_buckets.append(p)
                 if self.sp_draft_log is not None:
                     self._sp_log_drafts(rows, ids, conf, buckets)
-                if self.sp_length_oracle is not None:  # benchmark only: replaces a predictor
-                    buckets = self.sp_length_oracle.buckets(rows)
                 sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
-                if buckets is not None:
-                    sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
-                    live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
-                    sp.length_bucket[rows.slot[live]] = buckets[live]
+                self._sp_record_buckets(rows, buckets)
+            if self.sp_length_oracle is not None:  # benchmark only: replaces a predictor
+                for p in pending:
+                    self._sp_record_buckets(p.rows, self.sp_length_oracle.buckets(p.rows))
+
+    def _sp_needs_draft_values(self) -> bool:
+        sp = self.sp
+        if not sp.rank0:
+            return True  # placeholders, or the last stage's penalty drafts: no wait for these
+        if self.sp_draft_log is not None:
+            return True
+        if sp.alpha is not None and sp.alpha.needs_confidences():
+            return True
+        # a grammar's draft mask reads the drafts (sp_grammar): not a tokens-only batch
+        slots = self._sp_running_slots()
+        return not bool(sp.plain[slots].all())
+
+    def _sp_apply_late_buckets(self) -> None:
+        """Length buckets of earlier batches whose copy has landed since."""
+        sp = self.sp
+        if not sp.late_buckets:
+            return
+        waiting = []
+        for p in sp.late_buckets:
+            if p.ready():
+                self._sp_record_buckets(p.rows, p.read()[2])
+            else:
+                waiting.append(p)
+        sp.late_buckets = waiting
+
+    def _sp_record_buckets(self, rows: Rows, buckets: Optional[np.ndarray]) -> None:
+        if buckets is None:
+            return
+        sp = self.sp
+        sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
+        live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
+        sp.length_bucket[rows.slot[live]] = buckets[live]
 
     def _sp_log_drafts(self, rows: Rows, ids, conf, buckets) -> None:
         reqs = self.sp.req_at[rows.slot]
@@ -1032,15 +1389,17 @@ class SpexisScheduler(Scheduler):
         mode_on = self.sp_enabled and self.spexis_config.force_accept is not None
         return force_accept_param_error(req, mode_on)
 
-    def sp_process_result(self, batch: ScheduleBatch, result, pp_outputs: PPProxyTensors):
+    def sp_process_result(self, batch: ScheduleBatch, outputs: _TransitOutputs):
+        """A returned batch's results: a prefill's as SGLang processes them (its requests then
+        start decoding under SP); a decode batch's verdicts, committed tokens and finishes."""
         if getattr(batch, "spexis_kind", None) != "decode":
-            self.process_batch_result(batch, result)
+            self.process_batch_result(batch, outputs.batch_result)
             self.sp_admit_prefilled(batch)
             return
         sp = self.sp
         rows: Rows = batch.spexis_rows
-        true_ids = pp_outputs["next_token_ids"].cpu().numpy().astype(np.int64, copy=False)
-        drafts = pp_outputs[PROXY_DRAFT_IDS][: len(rows)].cpu().numpy().astype(np.int64, copy=False)
+        true_ids, drafts = outputs.read()
+        result = outputs.batch_result
         forced = sp.forced
         if forced is not None:
             # Benchmark-only: pretend the target agreed with the draft w.p. theta (timed
@@ -1050,12 +1409,15 @@ class SpexisScheduler(Scheduler):
                 true_ids = forced.true_tokens(rows, true_ids, drafts, built_on_draft)
         counts = sp.slots.stats  # SlotState counts the verdicts it gives
         accepted, rejected, stale = counts.accepted, counts.rejected, counts.stale
+        redone = counts.converted
         res = sp.slots.on_result(true_ids, launched_drafts=drafts)
         if sp.alpha is not None:
             sp.alpha.on_result(rows, res.verdict)
         st = sp.stats
         st.accepted += counts.accepted - accepted
         st.rejected += counts.rejected - rejected
+        # launched as speculative rows, run as the normal rows the rejections asked for
+        st.rows_redone += counts.converted - redone
         n_stale = counts.stale - stale
         n_committed = len(rows) - n_stale
         st.rows_stale += n_stale
@@ -1159,6 +1521,16 @@ class SpexisScheduler(Scheduler):
                 or req.grammar is not None
                 or req.return_hidden_states_mode != CaptureHiddenMode.NULL
                 or self._sp_counts_reasoning(req)
+            )
+            # the device may redo the request's rows only if nothing the host prepares for a
+            # row depends on its position or input (tokens only, no penalizer or logit
+            # processor reading the output so far)
+            sp.patchable[slot] = (
+                self.sp_redo_rows
+                and sp.plain[slot]
+                and not needs_penalizer(req.sampling_params)
+                and getattr(req, "custom_logit_processor", None) is None
+                and not getattr(req, "return_sampling_mask", False)
             )
             sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
@@ -1300,4 +1672,6 @@ class SpexisScheduler(Scheduler):
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
+        if self.sp_gpu_timer is not None:
+            ret.internal_state["spexis_gpu_forward_ms"] = self.sp_gpu_timer.as_dict()
         return ret

@@ -22,10 +22,11 @@ without copying it: it wraps, on the scheduler instance, the methods the loop ca
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +245,80 @@ class StockPPPhaseTimers:
         return d
 
 
+class GpuForwardTimer:
+    """Device time of this rank's decode forwards by batch rows (``SPEXIS_GPU_TIMERS=1``).
+
+    A CUDA event pair brackets each forward on its stream; a pair is read once both events
+    have completed (``query``, never a wait), so timing costs the loop two event records. The
+    span starts when the stream reaches the forward (after whatever it waited for), so it is
+    the stage's own GPU time: what an ideal pipeline would pay per iteration. Logged per rank
+    every ``log_every_s`` seconds as one JSON line (``LOG_PREFIX``), which is how the later
+    stages' times reach a benchmark."""
+
+    LOG_PREFIX = "Spexis GPU forward ms by rows"
+
+    def __init__(self, label: str, log_every_s: float = 5.0) -> None:
+        import torch
+
+        self._torch = torch
+        self.label = label
+        self.log_every_s = log_every_s
+        self.totals: Dict[str, list] = {}  # "rows@ctx" -> [forwards, total ms]
+        self._pending: list = []
+        self._free: list = []
+        self._logged = time.monotonic()
+        self._changed = False
+
+    def _event(self):
+        return self._free.pop() if self._free else self._torch.cuda.Event(enable_timing=True)
+
+    def start(self):
+        ev = self._event()
+        ev.record()
+        return ev
+
+    def stop(self, start, rows: int, tokens: Optional[int] = None) -> None:
+        """End the span of a forward of ``rows`` rows over ``tokens`` context tokens in all."""
+        end = self._event()
+        end.record()
+        self._pending.append((self.key(rows, tokens), start, end))
+
+    @staticmethod
+    def key(rows: int, tokens: Optional[int]) -> str:
+        """``"rows@ctx"``: ``ctx`` is the mean context per row rounded down to a power of 8
+        (64 covers 64..511, 512 covers 512..4095, ...), so one server's sweeps at short and
+        long prompts keep apart."""
+        ctx = 0
+        if tokens and rows:
+            ctx = 1
+            while ctx * 8 <= tokens / rows:
+                ctx *= 8
+        return f"{rows}@{ctx}"
+
+    def poll(self) -> None:
+        """Take the pairs whose forward is done; log now and then."""
+        done = 0
+        for key, start, end in self._pending:
+            if not end.query():
+                break
+            entry = self.totals.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += start.elapsed_time(end)
+            self._free += (start, end)
+            done += 1
+        if done:
+            del self._pending[:done]
+            self._changed = True
+        now = time.monotonic()
+        if self._changed and now - self._logged >= self.log_every_s:
+            self._logged, self._changed = now, False
+            logger.info("%s (%s): %s", self.LOG_PREFIX, self.label, json.dumps(self.as_dict()))
+
+    def as_dict(self) -> Dict[str, list]:
+        """``{"rows@ctx": [forwards, mean ms]}``."""
+        return {k: [n, round(t / n, 4)] for k, (n, t) in sorted(self.totals.items())}
+
+
 @dataclass
 class SpexisStats:
     """Counters behind the metrics (acceptance, effective batch, row kinds)."""
@@ -253,6 +328,9 @@ class SpexisStats:
     rows_normal: int = 0
     rows_spec: int = 0
     rows_stale: int = 0
+    #: launched as speculative rows before their chain's verdict and run by the device as the
+    #: normal row the rejection asked for (a subset of rows_spec)
+    rows_redone: int = 0
     tokens_committed: int = 0
     accepted: int = 0
     rejected: int = 0

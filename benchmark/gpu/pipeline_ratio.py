@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""SP against stock PP per batch size, beside the ideal ratio from the same call's stage times.
+
+With N stages, stock PP runs micro-batches of B/N rows, one stage interval T(B/N) each, and a
+request advances one token every N intervals: B / (N·T(B/N)) tokens per second. SP runs all B
+rows every interval T(B) and commits 1 / (N − Θ(N−1)) tokens per row (Eq. 2). If both paid
+nothing but their stages' GPU time,
+
+    SP / PP = N · T(B/N) / ((N − Θ(N−1)) · T(B)),
+
+the *ideal* ratio: what SP can reach where the host and the transfers stay off the pipeline's
+critical path. T is each server's own device time per decode forward, per rank, as
+``SPEXIS_GPU_TIMERS`` logs it (``decode_throughput.gpu_forward_times``); a stage's time is the
+slowest rank's, T(B/N) from the stock PP server (depth 0) and T(B) from the SP server. Θ is the
+acceptance measured in the SP run (forced in the benchmark mode). Besides the ratios the table
+gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden).
+
+    python3 benchmark/gpu/pipeline_ratio.py decode_throughput.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List, Optional
+
+STAGE0 = "pp rank 0, tp rank 0"
+
+
+def ctx_bucket(input_len: int, output_len: int) -> int:
+    """The power of 8 below the mean context of a decode sweep (stats.GpuForwardTimer.key)."""
+    mean = input_len + output_len / 2
+    ctx = 1
+    while ctx * 8 <= mean:
+        ctx *= 8
+    return ctx
+
+
+def stage_ms(
+    res: Dict[str, Any], rows: int, ctx: int, rank: Optional[str] = None
+) -> Optional[float]:
+    """Mean device ms of a decode forward of ``rows`` rows: the slowest rank's (or ``rank``'s)."""
+    times = res.get("gpu_forward_ms") or {}
+    key = f"{rows}@{ctx}"
+    vals = [
+        by_key[key][1]
+        for label, by_key in times.items()
+        if key in by_key and (rank is None or label == rank)
+    ]
+    return max(vals) if vals else None
+
+
+def _point(res: Dict[str, Any], batch: int, input_len: int) -> Optional[Dict[str, Any]]:
+    for x in res.get("batches", []):
+        if x.get("batch") == batch and x.get("input_len") == input_len and x.get("decode_tok_s"):
+            return x
+    return None
+
+
+def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per (model, SP configuration, input length, B)."""
+    out: List[Dict[str, Any]] = []
+    out_len = int(summary.get("output_len", 128))
+    for model, m in summary.get("models", {}).items():
+        results = m.get("results", [])
+        pp1 = next((r for r in results if r["kind"] == "pp1"), None)
+        for sp in results:
+            if sp["kind"] != "sp":
+                continue
+            n = int(sp["n"])
+            pps = [r for r in results if r["kind"] == "pp" and int(r["n"]) == n]
+            pp0 = next((r for r in pps if "async" not in r["config"]), pps[0] if pps else None)
+            for x in sp["batches"]:
+                if not x.get("decode_tok_s"):
+                    continue
+                b, in_len = x["batch"], x.get("input_len")
+                ctx = ctx_bucket(in_len or 0, out_len)
+                row: Dict[str, Any] = {
+                    "model": model,
+                    "config": sp["config"],
+                    "input_len": in_len,
+                    "batch": b,
+                    "sp_tok_s": round(x["decode_tok_s"]),
+                }
+                spx = x.get("sp") or {}
+                theta = spx.get("acceptance")
+                row["theta"] = None if theta is None else round(theta, 3)
+                pp_points = {r["config"]: _point(r, b, in_len) for r in pps}
+                pp_points = {k: v for k, v in pp_points.items() if v}
+                if pp_points:
+                    best = max(pp_points, key=lambda k: pp_points[k]["decode_tok_s"])
+                    row["pp_tok_s"] = {k: round(v["decode_tok_s"]) for k, v in pp_points.items()}
+                    row["pp_best"] = best
+                    row["sp_over_pp"] = round(
+                        x["decode_tok_s"] / pp_points[best]["decode_tok_s"], 3
+                    )
+                if pp1 is not None and _point(pp1, b, in_len):
+                    row["pp1_tok_s"] = round(_point(pp1, b, in_len)["decode_tok_s"])
+                t_sp = stage_ms(sp, b, ctx)
+                t_pp = stage_ms(pp0, b // n, ctx) if pp0 is not None else None
+                row["stage_ms_sp"] = t_sp
+                row["stage_ms_pp"] = t_pp
+                if t_sp and t_pp and theta is not None:
+                    ideal = n * t_pp / ((n - theta * (n - 1)) * t_sp)
+                    row["ideal"] = round(ideal, 3)
+                    if "sp_over_pp" in row:
+                        row["of_ideal"] = round(row["sp_over_pp"] / ideal, 3)
+                it = spx.get("iter_time_s")
+                t0 = stage_ms(sp, b, ctx, STAGE0)
+                if it and t0:
+                    row["stage0_iter_ms"] = round(1e3 * it, 3)
+                    row["stage0_gpu_ms"] = t0
+                    row["iter_over_gpu"] = round(1e3 * it / t0, 3)
+                row["phase_ms"] = spx.get("phase_ms_per_iteration")
+                out.append(row)
+    return out
+
+
+def print_table(rows: List[Dict[str, Any]]) -> None:
+    if not rows:
+        print("no SP rows to compare")
+        return
+    head = (
+        f"{'model':<14} {'config':<34} {'in':>5} {'B':>4} {'theta':>5} {'SP tok/s':>9} "
+        f"{'PP best':>9} {'SP/PP':>6} {'ideal':>6} {'of id.':>6} {'T(B/N)':>7} {'T(B)':>7} "
+        f"{'it/gpu':>6}"
+    )
+    print(head)
+    for r in rows:
+        best = (r.get("pp_tok_s") or {}).get(r.get("pp_best"), "")
+
+        def f(k, fmt="{:.3f}"):
+            v = r.get(k)
+            return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+        print(
+            f"{r['model']:<14} {r['config']:<34} {r['input_len'] or 0:>5} {r['batch']:>4} "
+            f"{f('theta', '{:.2f}'):>5} {r['sp_tok_s']:>9} {best:>9} {f('sp_over_pp'):>6} "
+            f"{f('ideal'):>6} {f('of_ideal'):>6} {f('stage_ms_pp', '{:.2f}'):>7} "
+            f"{f('stage_ms_sp', '{:.2f}'):>7} {f('iter_over_gpu', '{:.2f}'):>6}"
+        )
+
+
+def main(argv: List[str]) -> int:
+    with open(argv[0]) as fh:
+        summary = json.load(fh)
+    rows = compare(summary)
+    print_table(rows)
+    if len(argv) > 1:
+        with open(argv[1], "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

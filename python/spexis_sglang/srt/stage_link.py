@@ -1,0 +1,191 @@
+"""Tensors between pipeline stages that share one GPU, through CUDA IPC instead of sockets.
+
+With every PP rank on one GPU (``SPEXIS_SHARE_GPU``), NCCL takes the ranks for different hosts
+and sends over loopback sockets: each message is staged through host memory, which costs far
+more than the NVLink a real multi-GPU box would use. On the emulated box (``mps``) that cost
+would sit in every measurement, so ``SPEXIS_PP_TRANSPORT=ipc`` sends the PP tensor messages
+(proxies, outputs) the way a same-GPU transport can:
+
+* every rank owns an *inbox*: ``slots`` device buffers for the messages of the stage before it
+  in the ring, opened by that stage through CUDA IPC at start-up, with two interprocess events
+  per slot (``ready``: the sender's copy is in; ``free``: the receiver has copied it out);
+* a send waits (on the device) for the slot's ``free`` event, copies the message's tensors
+  into the slot, records ``ready`` and sends the message's layout over the CPU group (as SGLang
+  sends every tensor dict's metadata); a receive reads the layout, makes its stream wait for
+  ``ready``, copies the tensors out into fresh tensors and records ``free``. Both sides stay in
+  stream order: the host never waits for the device;
+* a message too large for a slot (a long prefill chunk's proxy) goes over NCCL as before; the
+  layout says which, and both kinds keep their order.
+
+A message then costs two device copies and an event handshake (microseconds at these sizes),
+about what NVLink costs, and nothing of the host's time beyond the layout's small message.
+Stock PP and Spexis use the same link on the same box, so their comparison stays fair.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: bytes between tensors in a slot (alignment for any dtype and vectorised copies)
+_ALIGN = 256
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class SameGpuLink:
+    """The IPC link of one PP rank: its inbox, and the next rank's inbox opened for sending.
+
+    Build it with :meth:`open` on every rank at the same point (it exchanges handles with the
+    neighbours over the CPU group).
+    """
+
+    def __init__(self, group, slot_bytes: int, slots: int) -> None:
+        self.group = group  # SGLang's GroupCoordinator of the pipeline
+        self.slot_bytes = int(slot_bytes)
+        self.slots = int(slots)
+        world = group.world_size
+        self.next_rank = (group.rank_in_group + 1) % world
+        self.prev_rank = (group.rank_in_group - 1) % world
+        self.inbox = torch.empty((self.slots, self.slot_bytes), dtype=torch.uint8, device="cuda")
+        self.ready = [torch.cuda.Event(interprocess=True) for _ in range(self.slots)]
+        self.free = [torch.cuda.Event(interprocess=True) for _ in range(self.slots)]
+        self.outbox: Optional[torch.Tensor] = None
+        self.out_ready: List[Any] = []
+        self.out_free: List[Any] = []
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._layout_works: List[Any] = []
+        self.sent_ipc = self.sent_nccl = 0
+
+    # ------------------------------------------------------------------ set-up
+    @classmethod
+    def open(cls, group, slot_bytes: int, slots: int = 8) -> "SameGpuLink":
+        """Allocate this rank's inbox, send its handles to the previous rank, open the next
+        rank's inbox (async sends first: no rank waits for another's send to finish)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        link = cls(group, slot_bytes, slots)
+        mine = {
+            "inbox": reduce_tensor(link.inbox),
+            "ready": [e.ipc_handle() for e in link.ready],
+            "free": [e.ipc_handle() for e in link.free],
+            "slot_bytes": link.slot_bytes,
+        }
+        works = group.send_object(mine, dst=link.prev_rank, async_send=True)
+        theirs = group.recv_object(src=link.next_rank)
+        for w in works:
+            w.work.wait()
+        rebuild, args = theirs["inbox"]
+        link.outbox = rebuild(*args)
+        device = torch.cuda.current_device()
+        link.out_ready = [torch.cuda.Event.from_ipc_handle(device, h) for h in theirs["ready"]]
+        link.out_free = [torch.cuda.Event.from_ipc_handle(device, h) for h in theirs["free"]]
+        link.out_slot_bytes = int(theirs["slot_bytes"])
+        logger.info(
+            "Spexis same-GPU PP link: %d slots of %.1f MiB per rank (CUDA IPC)",
+            link.slots,
+            link.slot_bytes / 2**20,
+        )
+        return link
+
+    # ------------------------------------------------------------------ messages
+    def send(self, tensor_dict: Dict[str, Any]) -> None:
+        """Send ``tensor_dict`` to the next rank, in the current stream's order."""
+        layout: List[Tuple[str, Any]] = []
+        tensors: List[Tuple[int, torch.Tensor]] = []
+        offset = 0
+        for key, value in tensor_dict.items():
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                t = value.contiguous()
+                nbytes = t.numel() * t.element_size()
+                layout.append((key, ("t", offset, t.dtype, tuple(t.shape))))
+                tensors.append((offset, t))
+                offset = _aligned(offset + nbytes)
+            else:
+                layout.append((key, ("v", value)))
+        if offset > self.out_slot_bytes:
+            self._send_nccl(tensor_dict)
+            return
+        stream = torch.cuda.current_stream()
+        slot = self._send_seq % self.slots
+        self._send_seq += 1
+        stream.wait_event(self.out_free[slot])
+        buf = self.outbox[slot]
+        for off, t in tensors:
+            n = t.numel() * t.element_size()
+            buf[off : off + n].copy_(t.view(-1).view(torch.uint8))
+        self.out_ready[slot].record(stream)
+        self._send_layout(("ipc", slot, layout))
+        self.sent_ipc += 1
+
+    def _send_layout(self, message) -> None:
+        """The layout over the CPU group, async (the previous one's send is done by now)."""
+        for w in self._layout_works:
+            w.work.wait()
+        self._layout_works = self.group.send_object(message, dst=self.next_rank, async_send=True)
+
+    def recv(self) -> Dict[str, Any]:
+        """The next message from the previous rank (tensors on this rank's device)."""
+        kind, slot, layout = self.group.recv_object(src=self.prev_rank)
+        if kind == "nccl":
+            return self._recv_nccl(layout)
+        stream = torch.cuda.current_stream()
+        stream.wait_event(self.ready[slot])
+        buf = self.inbox[slot]
+        out: Dict[str, Any] = {}
+        for key, spec in layout:
+            if spec[0] == "v":
+                out[key] = spec[1]
+                continue
+            _, off, dtype, shape = spec
+            t = torch.empty(shape, dtype=dtype, device="cuda")
+            n = t.numel() * t.element_size()
+            t.view(-1).view(torch.uint8).copy_(buf[off : off + n])
+            out[key] = t
+        self.free[slot].record(stream)
+        self._recv_seq += 1
+        return out
+
+    # ------------------------------------------------------------------ too large: NCCL
+    def _send_nccl(self, tensor_dict: Dict[str, Any]) -> None:
+        layout = []
+        tensors = []
+        for key, value in tensor_dict.items():
+            if isinstance(value, torch.Tensor):
+                layout.append((key, ("t", 0, value.dtype, tuple(value.shape))))
+                tensors.append(value.contiguous())
+            else:
+                layout.append((key, ("v", value)))
+        self._send_layout(("nccl", -1, layout))
+        dst = self.group.ranks[self.next_rank]
+        for t in tensors:
+            if t.numel():
+                torch.distributed.send(t, dst, group=self.group.device_group)
+        self.sent_nccl += 1
+
+    def _recv_nccl(self, layout) -> Dict[str, Any]:
+        src = self.group.ranks[self.prev_rank]
+        out: Dict[str, Any] = {}
+        for key, spec in layout:
+            if spec[0] == "v":
+                out[key] = spec[1]
+                continue
+            t = torch.empty(spec[3], dtype=spec[2], device="cuda")
+            if t.numel():
+                torch.distributed.recv(t, src, group=self.group.device_group)
+            out[key] = t
+        return out
+
+
+def proxy_slot_bytes(rows: int, hidden: int, dtype: torch.dtype) -> int:
+    """A slot for a decode batch of ``rows``: hidden states and residual, and room for the
+    per-row extras (tokens, drafts, confidences, positions, logprobs)."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return _aligned(2 * rows * hidden * itemsize) + _aligned(rows * 64) + (1 << 20)
