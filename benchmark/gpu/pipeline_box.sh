@@ -52,6 +52,9 @@ if [[ " $STEPS " == *" decode "* ]]; then
   echo "=== decode throughput, $LEFT s left ($((SECONDS - T0)) s)"
   MARGS=(); for m in $MODELS; do MARGS+=(--model "$m"); done
   XARGS=(); for x in ${EXTRA_INPUT:-}; do XARGS+=(--extra-input "$x"); done
+  # graphs for exactly the batches measured (SP: B rows, stock PP: B/2 a micro-batch) and a
+  # few small ones: capturing every bucket up to 512 took ~40 s per rank at start-up
+  XARGS+=(--server-arg=--cuda-graph-bs); for b in ${GRAPH_BS:-1 2 4 8 16 32 64 128 256 512}; do XARGS+=("--server-arg=$b"); done
   # shellcheck disable=SC2086
   python3 "$HERE/decode_throughput.py" "${MARGS[@]}" --kinds "$KINDS" --thetas "$THETAS" \
     --batches "$BATCHES" "${XARGS[@]}" --stages 2 --num-gpus 2 --time-budget "$LEFT" \

@@ -6,10 +6,11 @@ Two processes (two PP ranks), one round trip after another, for each message siz
 * ``nccl``: ``torch.distributed`` send/recv over NCCL, as SGLang's PP sends tensors. With one
   GPU the two processes share it (each its own ``NCCL_HOSTID``: NCCL then talks over loopback
   sockets, as ``SPEXIS_SHARE_GPU`` sets it up); with two GPUs, one each (NVLink);
-* ``ipc``: one GPU: the sender copies into a buffer the receiver opened through CUDA IPC and
-  records an interprocess event, the receiver's stream waits on it (what a same-GPU transport
-  would cost: a device copy and the event handshake);
-* ``gloo``: a small Python object over gloo (SGLang sends every tensor dict's metadata so).
+* ``ipc``: one GPU: the project's same-GPU link (``srt/stage_link.py``, what
+  ``SPEXIS_PP_TRANSPORT=ipc`` uses): a device copy into the peer's inbox opened through CUDA
+  IPC, an interprocess event, the layout over a local zmq pipe;
+* ``gloo`` / ``gloo_lo``: a small Python object over gloo (SGLang sends every tensor dict's
+  metadata so), on the interface gloo picks by default and on loopback (``GLOO_SOCKET_IFNAME=lo``).
 
 Under ``SPEXIS_SHARE_GPU=mps`` (an MPS daemon running) each process is a client with half the
 SMs, as the emulated two-GPU box runs them. One-way time is half the round trip; the table
@@ -60,6 +61,8 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
         os.environ.setdefault("NCCL_IB_DISABLE", "1")
     if os.environ.get("SPEXIS_SHARE_GPU") == "mps":
         os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    if mode == "gloo_lo" or mode == "ipc":
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.cuda.set_device(rank % gpus)
     backend = "nccl" if mode == "nccl" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -78,7 +81,7 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
                     dist.send(buf, peer)
 
             out[str(size)] = _time_round_trips(rt, repeats) / 2
-    elif mode == "gloo":
+    elif mode in ("gloo", "gloo_lo"):
         obj = [("hidden_states", (256, 4096), "bfloat16"), ("residual", (256, 4096), "bfloat16")]
 
         def rt():
@@ -104,51 +107,54 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
     dist.destroy_process_group()
 
 
+class _Group:
+    """The bits of SGLang's GroupCoordinator the link uses, over this probe's gloo world."""
+
+    def __init__(self, rank: int, dist) -> None:
+        self.rank_in_group, self.world_size, self.ranks = rank, 2, [0, 1]
+        self.device_group = None
+        self._dist = dist
+
+    def send_object(self, obj, dst: int, async_send: bool = False):
+        self._dist.send_object_list([obj], dst)
+        return []
+
+    def recv_object(self, src: int):
+        box = [None]
+        self._dist.recv_object_list(box, src)
+        return box[0]
+
+
 def _ipc_worker(rank: int, repeats: int, dist) -> Dict[str, float]:
-    """Each process owns an inbox the other opened through CUDA IPC; a send is a device copy
-    into the peer's inbox plus an interprocess event, announced over gloo (as metadata is)."""
+    """Round trips through the project's SameGpuLink (each rank's inbox opened by the other)."""
     import torch
-    from torch.multiprocessing.reductions import reduce_tensor
 
-    big = max(SIZES)
-    inbox = torch.zeros(big, dtype=torch.uint8, device="cuda")
-    ready = torch.cuda.Event(interprocess=True)
-    mine = [reduce_tensor(inbox), ready.ipc_handle()]
-    theirs = [None]
-    if rank == 0:
-        dist.send_object_list([mine], 1)
-        dist.recv_object_list(theirs, 1)
-    else:
-        dist.recv_object_list(theirs, 0)
-        dist.send_object_list([mine], 0)
-    (rebuild, rargs), handle = theirs[0]
-    peer_inbox = rebuild(*rargs)
-    peer_ready = torch.cuda.Event.from_ipc_handle(torch.cuda.current_device(), handle)
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    )
+    from spexis_sglang.srt.stage_link import SameGpuLink
+
+    link = SameGpuLink.open(_Group(rank, dist), max(SIZES) + (1 << 20), slots=8)
     out: Dict[str, float] = {}
-    local = torch.zeros(big, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.current_stream()
-    box = [0]
+    local = torch.randint(0, 256, (max(SIZES),), dtype=torch.uint8, device="cuda")
     for size in SIZES:
-
-        def send():
-            peer_inbox[:size].copy_(local[:size])
-            peer_ready.record(stream)
-            dist.send_object_list(box, 1 - rank)
-
-        def recv():
-            dist.recv_object_list(box, 1 - rank)
-            stream.wait_event(ready)
-            local[:size].copy_(inbox[:size])
+        msg = {"x": local[:size], "__msg_type__": "proxy"}
 
         def rt():
             if rank == 0:
-                send()
-                recv()
+                link.send(msg)
+                got = link.recv()
             else:
-                recv()
-                send()
+                got = link.recv()
+                link.send(got)
+            return got
 
         out[str(size)] = _time_round_trips(rt, repeats) / 2
+        got = rt()
+        torch.cuda.synchronize()
+        if not torch.equal(got["x"], local[:size]) or got["__msg_type__"] != "proxy":
+            raise RuntimeError(f"ipc: message of {size} bytes came back different")
+    out["sent_ipc"] = link.sent_ipc
     return out
 
 
@@ -170,7 +176,7 @@ def run_mode(mode: str, gpus: int, repeats: int) -> Dict[str, float]:
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", default="nccl,ipc,gloo")
+    ap.add_argument("--modes", default="nccl,ipc,gloo,gloo_lo")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "transport.json"))
     a = ap.parse_args(argv)
@@ -200,6 +206,8 @@ def main(argv: List[str] | None = None) -> int:
     for mode, by_size in res["one_way_s"].items():
         cells = []
         for k, v in by_size.items():
+            if not k.isdigit() and k != "metadata":
+                continue
             gbps = int(k) / v / 1e9 if k.isdigit() and v > 0 else None
             cells.append(f"{k}: {v * 1e6:.0f} us" + (f" ({gbps:.1f} GB/s)" if gbps else ""))
         print(f"{mode}: " + ", ".join(cells))

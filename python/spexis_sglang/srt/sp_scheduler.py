@@ -329,8 +329,9 @@ class SpexisScheduler(Scheduler):
             return None
         from spexis_sglang.srt.stage_link import SameGpuLink, proxy_slot_bytes
 
-        rows = max(int(self.max_running_requests), int(self.server_args.cuda_graph_max_bs or 0))
-        slot = proxy_slot_bytes(rows, self.model_config.hidden_size, self.model_config.dtype)
+        slot = proxy_slot_bytes(
+            self.max_running_requests, self.model_config.hidden_size, self.model_config.dtype
+        )
         return SameGpuLink.open(self.pp_group, slot)
 
     def _pp_send_dict_to_next_stage(self, tensor_dict, async_send=True, msg_type="default"):
