@@ -56,6 +56,8 @@ gpu_script_env() {
   NUM_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
   if [ "$NUM_GPUS" = 1 ]; then
     export SPEXIS_SHARE_GPU=${SPEXIS_SHARE_GPU:-mps}
+    # gloo (SGLang's CPU group) on loopback, for every server (share_one_gpu sets it as well)
+    export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
     if [ "$SPEXIS_SHARE_GPU" = mps ]; then mps_start || return 4; trap mps_stop EXIT; fi
   fi
   return 0

@@ -111,6 +111,16 @@ def plan_configs(
     for n in stages:
         if "pp" in kinds:
             out.append(_config(f"sglang_pp{n}", "pp", n, ["--pp-size", str(n)]))
+        if "ppa" in kinds:
+            # stock PP with one micro-batch of slack (pp_loop_size = N + 1)
+            out.append(
+                _config(
+                    f"sglang_pp{n}_async1",
+                    "pp",
+                    n,
+                    ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
+                )
+            )
         if "tp" in kinds:
             out.append(_config(f"sglang_tp{n}", "tp", n, ["--tp-size", str(n)]))
         if "sp" in kinds and (thetas or measured_theta is not None):
@@ -158,19 +168,8 @@ def plan_configs(
                     python_path=old_python,
                 )
             )
-    # last, as they are second tries: stock PP with one micro-batch of slack (pp_loop_size =
-    # N + 1), and SP reading stage 0's drafts synchronously (before the deferred read; the
-    # measured effect of that change)
+    # last, as it is a second try: SP reading stage 0's drafts synchronously
     for n in stages:
-        if "ppa" in kinds:
-            out.append(
-                _config(
-                    f"sglang_pp{n}_async1",
-                    "pp",
-                    n,
-                    ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
-                )
-            )
         if "spsync" in kinds:
             th = 0.76 if 0.76 in thetas or not thetas else thetas[0]
             out.append(

@@ -116,13 +116,33 @@ class _Group:
         self._dist = dist
 
     def send_object(self, obj, dst: int, async_send: bool = False):
-        self._dist.send_object_list([obj], dst)
-        return []
+        # async: both ranks send first when they exchange handles
+        import pickle
+
+        import torch
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.long)
+        works = [self._dist.isend(size, dst), self._dist.isend(data, dst)]
+        return [_Work(w, (size, data)) for w in works]
 
     def recv_object(self, src: int):
-        box = [None]
-        self._dist.recv_object_list(box, src)
-        return box[0]
+        import pickle
+
+        import torch
+
+        size = torch.empty(1, dtype=torch.long)
+        self._dist.recv(size, src)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._dist.recv(data, src)
+        return pickle.loads(data.numpy().tobytes())
+
+
+class _Work:
+    """SGLang's P2PWork: a work and what it sends (kept alive until waited)."""
+
+    def __init__(self, work, keep) -> None:
+        self.work, self._keep = work, keep
 
 
 def _ipc_worker(rank: int, repeats: int, dist) -> Dict[str, float]:

@@ -73,3 +73,41 @@ def test_cuda_readback_holds_the_values_of_its_moment():
         event.synchronize()
         assert host.device.type == "cpu" and host.is_pinned()
         assert torch.equal(host, want)
+
+
+def test_ring_buffers_grow_along_rows_only():
+    """Copies whose row count varies reuse the ring's buffers (a buffer is made again only when
+    too short: doubling), whereas a varying trailing shape would make one every time (pinning
+    host memory costs milliseconds and a block the host allocator keeps: the GPU run that met
+    this slowed to a crawl and ran out of host memory). The SP loop's transit tokens go rows
+    first for that reason."""
+    ring = HostStaging("cpu", depth=2)
+    ring._pin = False  # the ring's buffering exercised on the host, nothing pinned
+    for n in list(range(1, 200)) + list(range(200, 1, -3)):
+        _, buf = ring._take(torch.empty((n, 2), dtype=torch.int64))
+        assert buf.shape == (n, 2)
+    # each of the two buffers doubled its way to 199 rows: 1, 2, 4, ..., 256
+    assert ring.allocations <= 2 * 9
+    grown = ring.allocations
+    _, buf = ring._take(torch.empty((2, 37), dtype=torch.int64))
+    assert ring.allocations == grown + 1  # another trailing shape: a new buffer
+
+
+def test_transit_outputs_go_rows_first():
+    """The true tokens and drafts of a returning batch, one row each, for the ring above."""
+    from spexis_sglang.cpu_support import activate
+
+    activate()
+    from spexis_sglang.srt.protocol import PROXY_DRAFT_IDS
+    from spexis_sglang.srt.sp_scheduler import _TransitOutputs
+
+    ring = HostReadback("cpu", depth=2)
+    tensors = {
+        "next_token_ids": torch.tensor([5, 6, 7], dtype=torch.int32),
+        PROXY_DRAFT_IDS: torch.tensor([5, 9, 7, 0], dtype=torch.int64),  # padded
+    }
+    out = _TransitOutputs(tensors, 3, ring)
+    assert out.device.shape == (3, 2)
+    ids, drafts = out.read()
+    assert ids.tolist() == [5, 6, 7] and drafts.tolist() == [5, 9, 7]
+    assert ids.dtype == np.int64 and drafts.dtype == np.int64

@@ -23,14 +23,21 @@ import torch
 
 class _PinnedRing:
     """``depth`` pinned host buffers used in turn, each grown (doubled) when a copy outgrows
-    it. On a CPU device nothing is pinned (``pinned`` is False) and no buffer is made."""
+    it. On a CPU device nothing is pinned (``pinned`` is False) and no buffer is made.
 
-    def __init__(self, device, depth: int):
+    Copies that vary in their first dimension only reuse the buffers: a buffer is made again
+    only when it is too short or its trailing shape or dtype changes, and pinning host memory
+    costs milliseconds (and a pinned block the host allocator keeps), so callers keep the
+    varying length first. ``allocations`` counts them."""
+
+    def __init__(self, device, depth: int, pin_memory: Optional[bool] = None):
         self.device = torch.device(device)
         self.pinned = self.device.type == "cuda"
+        self._pin = self.pinned if pin_memory is None else pin_memory
         self.depth = depth
         self._buffers: List[Optional[torch.Tensor]] = [None] * depth
         self._next = 0
+        self.allocations = 0
 
     def _take(self, like: torch.Tensor) -> Tuple[int, torch.Tensor]:
         """The next buffer's index, and its first ``len(like)`` rows shaped and typed like
@@ -46,8 +53,9 @@ class _PinnedRing:
             or buf.dtype != like.dtype
         ):
             size = max(n, 2 * (0 if buf is None else buf.shape[0]))
-            buf = torch.empty((size, *like.shape[1:]), dtype=like.dtype, pin_memory=True)
+            buf = torch.empty((size, *like.shape[1:]), dtype=like.dtype, pin_memory=self._pin)
             self._buffers[i] = buf
+            self.allocations += 1
         return i, buf[:n]
 
 

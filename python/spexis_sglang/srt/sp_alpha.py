@@ -107,6 +107,9 @@ class AlphaController:
         self._pipe_rows: deque[int] = deque(maxlen=self.depth)
         self._last_launch: Optional[Tuple[int, float]] = None
         self.iteration_alpha = self.alpha
+        #: the SP loop recorded the drafts' real confidences for this iteration's select
+        #: (placeholders otherwise: nothing is ranked then)
+        self.confidences_real = True
 
     @property
     def alpha(self) -> float:
@@ -118,7 +121,8 @@ class AlphaController:
         a = self.online.next_iteration(running)
         self.iteration_alpha = a if self.auto else self.fixed
         k = self.observe_every
-        self._observed = k == 1 or self.online.iteration % k == 0
+        observe = k == 1 or self.online.iteration % k == 0
+        self._observed = observe and self.confidences_real
         spec = rows.is_spec
         if self._observed and spec.any():
             cs = rows.slot[spec]
@@ -126,11 +130,14 @@ class AlphaController:
         return slots.select(rows, self.iteration_alpha)
 
     def needs_confidences(self) -> bool:
-        """The next :meth:`select` reads the drafts' confidences: to drop some, or to rank the
-        candidates of an observed iteration (the SP loop otherwise records placeholders and
-        does not wait for the drafts to reach the host)."""
-        if self.auto or self.fixed > 0:
-            return True
+        """The next :meth:`select` drops drafts by their confidences: the SP loop must wait
+        for them to reach the host."""
+        return self.auto or self.fixed > 0
+
+    def wants_confidences(self) -> bool:
+        """The next :meth:`select` would observe (a fixed alpha's sampled iteration): the SP
+        loop reads the confidences if they have landed, and says so (``confidences_real``);
+        otherwise that iteration goes unobserved rather than wait for the device."""
         k = self.observe_every
         return k == 1 or (self.online.iteration + 1) % k == 0
 

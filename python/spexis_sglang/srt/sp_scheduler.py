@@ -175,8 +175,9 @@ class _TransitOutputs:
         ids = tensors["next_token_ids"][:n].to(torch.int64)
         drafts = tensors.get(PROXY_DRAFT_IDS)  # a prefill's drafts are never verified
         drafts = torch.zeros_like(ids) if drafts is None else drafts[:n]
-        # true token and the draft it verifies, per row, in one device-to-host copy
-        self.device = torch.stack((ids, drafts))
+        # true token and the draft it verifies, a row each, in one device-to-host copy (rows
+        # first: the readback ring grows its pinned buffers along the rows only)
+        self.device = torch.stack((ids, drafts), dim=1)
         self._host, self._event = readback.start(self.device)
         #: SGLang's result record, for batches that need more than the tokens (logprobs)
         self.batch_result = None
@@ -187,7 +188,7 @@ class _TransitOutputs:
         if self._event is not None:
             self._event.synchronize()
         host = self._host.numpy()
-        return host[0].astype(np.int64, copy=False), host[1].astype(np.int64, copy=False)
+        return host[:, 0].copy(), host[:, 1].copy()
 
 
 @dataclass
@@ -1221,7 +1222,7 @@ class SpexisScheduler(Scheduler):
             return
         alt = plan.alternatives
         if sp.rank0:
-            true_ids, drafts = plan.transit.device[:, plan.transit_rows]
+            true_ids, drafts = plan.transit.device[plan.transit_rows].unbind(1)
             rejected = alt >= 0
             if sp.forced is None:
                 rejected &= true_ids != drafts
@@ -1306,6 +1307,10 @@ class SpexisScheduler(Scheduler):
         with sp.stats.phases.phase("draft_sync"):
             pending, sp.pending_drafts = sp.pending_drafts, []
             read = self._sp_needs_draft_values()
+            if not read and sp.alpha is not None and sp.alpha.wants_confidences():
+                read = all(p.ready() for p in pending)  # observe only if it costs no wait
+            if sp.alpha is not None:
+                sp.alpha.confidences_real = read
             for p in pending:
                 rows = p.rows
                 if read:
