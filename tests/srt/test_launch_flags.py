@@ -137,7 +137,7 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
     ],
 )
 def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
-    """A numeric alpha works as before; 'auto' turns the online choice on (issue 16)."""
+    """A numeric alpha works as before; 'auto' turns the online choice on."""
     from spexis_sglang.launch_server import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
 
