@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Issue #6's results from ``decode_throughput.json`` files: ratios, predictions, plot, table.
+"""Decode-throughput results from ``decode_throughput.json`` files: ratios, predictions, plot,
+table.
 
 Runs anywhere (numpy + matplotlib; no GPU, no SGLang). For every model in the inputs:
 
@@ -18,8 +19,9 @@ Runs anywhere (numpy + matplotlib; no GPU, no SGLang). For every model in the in
 * the planner's ranking (``rank_configurations``) of the measured profile.
 
     python benchmark/gpu/analyze.py RUN1/decode_throughput.json [RUN2/...] \\
-        --out benchmark/results/gpu_decode_throughput.json --plot benchmark/results/gpu_decode_throughput.png \\
-        --markdown benchmark/results/gpu_decode_throughput.md
+        --out benchmark/results/gpu/decode_MODEL_analysis.json \\
+        --plot benchmark/results/gpu/decode_MODEL.png \\
+        --markdown benchmark/results/gpu/decode_MODEL_analysis.md
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode throughput of SGLang PP=1 / PP=N / TP=N and Spexis SP (N stages) on the GPU machine.
 
-Issue #6. For every model and every configuration the lent machine can hold, this starts one
+For every model and every configuration the machine can hold, this starts one
 ``python3 -m spexis_sglang.launch_server`` after another (dummy weights, token-id prompts,
 ``--skip-tokenizer-init``), and measures decode at fixed batch sizes:
 
@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CONFIGS = os.path.join(HERE, "configs")
 
-# Required on the offline H200 machines (/work/shared/gpu/README.md §3); keep in sync with
+# Required on the offline H200 machines (docs/gpu.md, offline-site appendix); keep in sync with
 # common.sh. NVLink-multicast flags are refused (README §4).
 GPU_FLAGS = [
     "--attention-backend",
@@ -335,7 +335,7 @@ def measure_batch(
     theta: Optional[float] = None,
 ) -> Dict[str, Any]:
     """``--repeats`` short/long pairs; the pair with the median ``T_step`` is the point (one
-    iteration's time jitters by ±30% between sweeps of one server: run 3), the others' step
+    iteration's time jitters by ±30% between sweeps of one server), the others' step
     times and their spread are kept."""
 
     def measure_pair() -> Dict[str, Any]:

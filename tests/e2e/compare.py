@@ -2,7 +2,7 @@
 
 The equality tests run every server in the exact mode (``spexis_sglang.testing.exact_test_args``:
 float64 on CPU, batch-invariant kernels on a GPU). In float64, batch composition moves a row's
-top-2 logit gap by ~1e-13 at most (``benchmark/cpu/batch_noise.py``), so a greedy token can
+top-2 logit gap by ~1e-13 at most (``benchmark/correctness/batch_noise.py``), so a greedy token can
 only flip where the two best logits tie to about 1e-12: across the suite's few thousand
 positions that has a probability of ~1e-8. The tests therefore demand identical token ids,
 with no noise classes. (Without the mode, SGLang's dtype "auto" runs these float32 checkpoints
