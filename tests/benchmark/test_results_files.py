@@ -62,9 +62,22 @@ def test_every_results_file_is_cited_by_the_docs():
     assert not uncited, f"results files no document cites (delete or cite them): {uncited}"
 
 
-# a markdown link target, or a backticked repository path
-_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# a markdown link target (and its #anchor), or a backticked repository path
+_LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
 _PATH = re.compile(r"`((?:benchmark|docs|python|tests|scripts)/[\w./-]+\.(?:py|sh|md|json|png))`")
+
+
+def _anchors(md_path: str) -> set:
+    """The anchors a hosting page gives a markdown file's headings (GitHub's rule)."""
+    out, fenced = set(), False
+    for line in open(md_path, encoding="utf-8"):
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#+\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
 
 
 def test_every_path_the_docs_cite_exists():
@@ -72,11 +85,14 @@ def test_every_path_the_docs_cite_exists():
     for doc in _doc_files():
         text = open(doc, encoding="utf-8").read()
         base = os.path.dirname(doc)
-        for target in _LINK.findall(text):
+        for target, anchor in _LINK.findall(text):
             if re.match(r"[a-z]+:", target):
                 continue  # a URL
-            if not os.path.exists(os.path.normpath(os.path.join(base, target))):
+            path = os.path.normpath(os.path.join(base, target)) if target else doc
+            if not os.path.exists(path):
                 missing.append(f"{os.path.relpath(doc, ROOT)}: {target}")
+            elif anchor and path.endswith(".md") and anchor not in _anchors(path):
+                missing.append(f"{os.path.relpath(doc, ROOT)}: {target}#{anchor}")
         for target in _PATH.findall(text):
             if "*" in target or "<" in target:
                 continue
