@@ -339,7 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         p.error(f"{path}: {k} differs from an earlier input of {name}")
             runs.setdefault(name, {"file": d, "results": []})["results"] += m["results"]
     for name, run in runs.items():
-        # one device call may not hold every configuration: inputs of the same model (same
+        # one run of the sweep may not hold every configuration: inputs of the same model (same
         # workload and KV budget, back-to-back calls of one machine) are one run; the
         # planner's profiles are rebuilt from all of them
         d = run["file"]
