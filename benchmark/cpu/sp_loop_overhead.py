@@ -1,4 +1,4 @@
-"""Stage 0's event-loop CPU time by phase: Spexis SP vs stock SGLang PP, on CPU (issue 12).
+"""Stage 0's event-loop CPU time by phase: Spexis SP vs stock SGLang PP, on CPU.
 
 Two PP=2 servers on a tiny random Llama (``--load-format dummy``, so the forward is small),
 with the same flags where they apply: stock SGLang PP (``SPEXIS_PHASE_TIMERS=1`` times its
@@ -10,7 +10,7 @@ cap set to B/N through ``/set_internal_state`` so the B requests split evenly), 
 ``/server_info`` ``internal_states[0]["spexis"]`` are read before and after a window; then the
 requests are aborted. Reported per decode iteration (SP) and per micro-batch step (stock), and
 per row: thread CPU time of each phase of stage 0's loop, and ``sched+proc`` = scheduling
-(schedule + draft_sync) + result processing, issue 12's target.
+(schedule + draft_sync) + result processing, the part that must stay small.
 
 Phases (srt/stats.py): schedule (request receive and relay, batch building), draft_sync (SP:
 reading stage 0's drafts into SPState), launch (the proxy receive and the forward: on CPU the
@@ -27,7 +27,7 @@ busy = the whole iteration (loop glue included).
 On a GPU machine the same servers run with CUDA graphs (``--dtype bfloat16``, the GPU flags in
 ``--server-args``; with one GPU both stages share it under ``SPEXIS_SHARE_GPU=1``): the GPU's
 times then mean nothing, but stage 0's scheduling and result processing are the host CPU work
-of the regime users serve in (see ``benchmark/gpu/loop_overhead.sh``).
+of the regime users serve in (see ``benchmark/decode/loop_overhead_gpu.sh``).
 
 CPU numbers are thread CPU time on a shared 2-core box: the scheduler's own cost, not its wall
 time (waits and other processes' time are not in it).
@@ -59,7 +59,7 @@ RESULT = "benchmark/results/cpu_sp_loop_overhead.json"
 # the model directory as recorded: made by tests/e2e/tiny_model.py's make_tiny_llama
 TINY_MODEL = "<tmp>/spexis-tiny-llama-{layers}l-v{vocab}"
 STOCK_PHASES = tuple(p for p in SP_PHASES if p not in ("draft_sync", "forced"))
-# scheduling + result processing: what issue 12 asks to keep below the GPU's time. The
+# scheduling + result processing: what must stay below the GPU's time. The
 # benchmark mode's forced acceptance ("forced", inside result processing, which a serving
 # loop does not do: a real model verifies) is timed apart and reported beside it
 SCHED_PROC = ("schedule", "draft_sync", "process")

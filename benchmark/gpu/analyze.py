@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Issue #6's results from ``decode_throughput.json`` files: ratios, predictions, plot, table.
+"""Decode-throughput results from ``decode_throughput.json`` files: ratios, predictions, plot,
+table.
 
 Runs anywhere (numpy + matplotlib; no GPU, no SGLang). For every model in the inputs:
 
@@ -18,8 +19,9 @@ Runs anywhere (numpy + matplotlib; no GPU, no SGLang). For every model in the in
 * the planner's ranking (``rank_configurations``) of the measured profile.
 
     python benchmark/gpu/analyze.py RUN1/decode_throughput.json [RUN2/...] \\
-        --out benchmark/results/gpu_decode_throughput.json --plot benchmark/results/gpu_decode_throughput.png \\
-        --markdown benchmark/results/gpu_decode_throughput.md
+        --out benchmark/results/gpu/decode_MODEL_analysis.json \\
+        --plot benchmark/results/gpu/decode_MODEL.png \\
+        --markdown benchmark/results/gpu/decode_MODEL_analysis.md
 """
 
 from __future__ import annotations
@@ -337,7 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         p.error(f"{path}: {k} differs from an earlier input of {name}")
             runs.setdefault(name, {"file": d, "results": []})["results"] += m["results"]
     for name, run in runs.items():
-        # one device call may not hold every configuration: inputs of the same model (same
+        # one run of the sweep may not hold every configuration: inputs of the same model (same
         # workload and KV budget, back-to-back calls of one machine) are one run; the
         # planner's profiles are rebuilt from all of them
         d = run["file"]

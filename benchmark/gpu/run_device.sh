@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# benchmark/gpu/run_device.sh: one device call's worth of GPU work, for any GPU count.
-#   1. foundation smoke (issue #2): the SmolLM2-135M config with dummy weights served through
+# benchmark/gpu/run_device.sh: the smoke test and the decode-throughput sweep in one go, for
+# any GPU count, within BUDGET seconds.
+#   1. foundation smoke: the SmolLM2-135M config with dummy weights served through
 #      spexis_sglang.launch_server, one /generate each for PP=1, and with 2+ GPUs also
 #      --pp-size 2 and --tp-size 2                -> $OUT/foundation_smoke.json, smoke_logs.tar.gz
-#   2. decode throughput (issue #6) for $MODELS within what is left of $BUDGET
+#   2. decode throughput for $MODELS within what is left of $BUDGET
 #      (decode_throughput.py; configurations needing more GPUs than present are "not run")
 #                                                  -> $OUT/decode_throughput.json, profile_*.json,
 #                                                     server_logs.tar.gz
-# With run.log that is at most 8 files in $OUT for one model per call (device limit: 8 files).
+# With run.log that is at most 8 files in $OUT for one model (OUT defaults to /tmp/out).
 #
-# One GPU (kind nvidia-h200), about 7-8 minutes on a fresh machine:
-#   run(kind="nvidia-h200", carry=[".gpu/site.tar.xz"], timeout_s=560,
-#       command="set -o pipefail; bash benchmark/gpu/run_device.sh 2>&1 | tee $OUT/run.log")
-# Two GPUs (kind nvidia-h200-x2): 7 servers per model do not fit one call; split them, e.g.
+# One GPU, about 7-8 minutes (the first server start JIT-compiles kernels):
+#   OUT=/tmp/out bash benchmark/gpu/run_device.sh 2>&1 | tee /tmp/out/run.log
+# Two GPUs: 7 servers per model take longer than the default BUDGET; split them, e.g.
 #   KINDS=pp1,pp,tp MODELS=llama-3.1-8b bash benchmark/gpu/run_device.sh         # + smoke
 #   SMOKE= KINDS=sp MODELS=llama-3.1-8b bash benchmark/gpu/run_device.sh         # 3 SP servers
 #

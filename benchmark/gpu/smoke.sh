@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# benchmark/gpu/smoke.sh: on the H200 machine, serve MODEL through
-# `python3 -m spexis_sglang.launch_server` (the carried SGLang site + this repo's python/),
-# wait for /health_generate while checking the server's PID, send one /generate, record the
-# answer and /server_info's Spexis counters, stop the server. Adapted from
-# /work/shared/gpu/smoke.sh.
+# benchmark/gpu/smoke.sh: on a GPU machine, serve MODEL through
+# `python3 -m spexis_sglang.launch_server` (SGLang, or the offline site of docs/gpu.md, + this
+# repo's python/), wait for /health_generate while checking the server's PID, send one
+# /generate, record the answer and /server_info's Spexis counters, stop the server.
 #
 #   bash benchmark/gpu/smoke.sh MODEL_DIR [extra launch_server args...]
 #   e.g. bash benchmark/gpu/smoke.sh benchmark/gpu/configs/smollm2-135m --load-format dummy --mem-fraction-static 0.3

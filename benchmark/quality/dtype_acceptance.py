@@ -1,7 +1,7 @@
 """Draft-head acceptance when the exit features come from an fp32, bf16 or fp16 forward.
 
 Why: a head trained on fp32 hidden states (``train/collect.py``'s teacher-forced pass) led
-offline (gpu-long run 2: .778 vs .760) but not inside the server, which runs the base *and* the
+offline (the ``gpu-long`` candidate: .778 vs .760) but not inside the server, which runs the base *and* the
 head in float16 on CPU (bfloat16 on GPU). This script scores several heads on the same greedy
 answers with features and targets taken from one forward per dtype, split by answer position,
 paired per position so that a small difference is told from noise.
@@ -9,7 +9,7 @@ paired per position so that a small difference is told from noise.
 Steps (one CPU thread throughout):
 
 1. SpecBench-like prompts (``data.mix.evaluation_mix``, first turns, chat template), as
-   ``benchmark/cpu/sp_acceptance.py --workload specbench`` serves them;
+   ``benchmark/acceptance/sp_acceptance.py --workload specbench`` serves them;
 2. greedy answers from the fp32 base (HF ``generate``, ``train.collect.generate_greedy``);
 3. per dtype, one teacher-forced forward over prompt + answer: the exit-layer residual stream
    (``output_hidden_states[exit]``, the hook ``collect.teacher_forced`` uses) and that dtype's
@@ -25,8 +25,11 @@ it is accepted iff the draft equals that dtype's greedy next token at ``p``.
 
     PYTHONPATH=python OMP_NUM_THREADS=1 python benchmark/quality/dtype_acceptance.py \
         --head shipped=python/spexis_sglang/artifacts/smollm2-135m-instruct/draft-exit15 \
-        --head run2=885d3e2:python/spexis_sglang/artifacts/smollm2-135m-instruct/draft-exit15 \
+        --head candidate=REV:python/spexis_sglang/artifacts/smollm2-135m-instruct/draft-exit15 \
         --out benchmark/results/quality_dtype_acceptance.json
+
+``REV``: a commit whose tree held the candidate head (``git log --
+python/spexis_sglang/artifacts/smollm2-135m-instruct/draft-exit15`` lists them).
 """
 
 from __future__ import annotations

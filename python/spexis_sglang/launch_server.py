@@ -32,12 +32,22 @@ CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
     ("--sampling-backend", "pytorch"),
-    ("--disable-cuda-graph", None),
+    # CUDA graphs off (SGLang's own --disable-cuda-graph is deprecated in 0.5.17)
+    ("--disable-decode-cuda-graph", None),
+    ("--disable-prefill-cuda-graph", None),
     ("--max-total-tokens", "8192"),
     ("--sleep-on-idle", None),
 ]
 
 _MODEL_FLAGS = ("--model-path", "--model")
+# the flags that turn CUDA graphs off; given any, the CPU defaults add none of them
+_GRAPH_OFF_FLAGS = (
+    "--disable-cuda-graph",
+    "--disable-decode-cuda-graph",
+    "--disable-prefill-cuda-graph",
+    "--cuda-graph-backend-decode",
+    "--cuda-graph-backend-prefill",
+)
 # the flags that size SGLang's decode CUDA graphs; without any, SP sizes them (see below)
 _GRAPH_SIZE_FLAGS = (
     "--cuda-graph-max-bs",
@@ -121,11 +131,15 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "draft head on stage 0: an artifact directory, 'bundled' (the head shipped for the "
         "default model at stage 0's depth), or 'random:SEED' (untrained, for tests and "
         "throughput runs). Default: off, plain SGLang. Works with --dp-size (one SP pipeline "
-        "per replica) and --page-size. Refused with --pp-async-batch-depth > 0 (no gain: under "
+        "per replica) and --page-size. On a GPU, decode CUDA graphs are captured up to "
+        "pp-size x SGLang's default batch (at most 1024; SP runs every running request in "
+        "each decode batch), which costs start-up time and GPU memory; --cuda-graph-max-bs "
+        "sets the limit. Refused with --pp-async-batch-depth > 0 (no gain: under "
         "SP a depth lengthens the verification loop and costs more committed tokens per row "
-        "than the wait it could hide) and with --enable-mixed-chunk (an SP "
+        "than the wait it could hide), with --enable-mixed-chunk (an SP "
         "iteration is a prefill chunk or SP decode rows, not both; mixing them is not "
-        "implemented).",
+        "implemented) and with --scheduler-recv-interval > 1 (the later stages must read "
+        "stage 0's plan in the iteration it was made for).",
     )
     group.add_argument(
         "--spexis-alpha",
@@ -210,10 +224,14 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group.add_argument(
         "--spexis-lookahead-admission",
         action="store_true",
-        help="Look-ahead admission (§5.2, Algorithm 1): project the running requests' KV use "
-        "over the next 64 iterations from their predicted remaining lengths and delay a new "
-        "request when admitting it now costs more (expected evictions and recomputes) than "
-        "it gains. Needs --spexis-length-predictor.",
+        help="Look-ahead admission (§5.2, Algorithm 1): stage 0 decides each iteration how "
+        "many waiting requests to admit, in place of SGLang's reservation (which reserves "
+        "future tokens as if no running request ever finished). The count is what the KV "
+        "pool allows with each running request's release bounded by its max_new_tokens and "
+        "its predicted remaining length, so requests may be admitted earlier than SGLang "
+        "would; the look-ahead projection over the next 64 iterations and the gain G hold "
+        "them back when an eviction looms. Retraction stays the safety net. Needs "
+        "--spexis-length-predictor (or, benchmark only, --spexis-benchmark-length-oracle).",
     )
     group.add_argument(
         "--spexis-admission-pdr",
@@ -237,8 +255,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         action="store_true",
         help="TEST MODE, CPU only, with or without speculation: weights, activations and KV "
         "cache in float64 (SGLang's default, --dtype auto, serves float32 checkpoints in "
-        "float16). Batch composition then moves a row's logits by ~1e-13 instead of ~1e-2, so "
-        "greedy outputs of differently batched servers agree (the equality tests use it).",
+        "float16). Batch composition then moves a row's top-2 logit gap by ~1e-13 instead of "
+        "up to ~0.1, so greedy outputs of differently batched servers agree (the equality "
+        "tests use it).",
     )
     return group
 
@@ -332,7 +351,12 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             "verification, and merged sampling, penalty and logprob state: not implemented"
         )
     if server_args.scheduler_recv_interval > 1:
-        raise LaunchError("--spexis-draft-head needs --scheduler-recv-interval 1")
+        raise LaunchError(
+            "--spexis-draft-head needs --scheduler-recv-interval 1 (got "
+            f"{server_args.scheduler_recv_interval}): SGLang's receive skipper reads requests "
+            "only every K-th iteration, but under SP the later stages read stage 0's plan "
+            "(admissions, dropped drafts) with the requests in the iteration it was made for"
+        )
     if head == "bundled":
         from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
 
@@ -523,7 +547,10 @@ def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
 
         argv = ["--model-path", ensure_default_model()] + argv
     if on_cpu:
+        graphs_set = any(_has_flag(argv, f) for f in _GRAPH_OFF_FLAGS)
         for flag, value in CPU_DEFAULTS:
+            if flag in _GRAPH_OFF_FLAGS and graphs_set:
+                continue
             if not _has_flag(argv, flag):
                 argv += [flag] if value is None else [flag, value]
     return argv

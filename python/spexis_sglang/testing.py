@@ -99,9 +99,9 @@ def exact_test_args() -> List[str]:
     """Server arguments under which greedy outputs do not depend on how requests are batched.
 
     On CPU, ``--spexis-float64``: a row's logits then move by ~1e-16 (not ~1e-7) when the batch
-    around it changes, so plain SGLang and Spexis agree token for token (design.md §5,
-    ``benchmark/cpu/batch_noise.py``). On a GPU the caller's ``SPEXIS_TEST_SERVER_ARGS`` bring
-    ``--enable-deterministic-inference`` (batch-invariant kernels) instead.
+    around it changes, so plain SGLang and Spexis agree token for token (docs/losslessness.md,
+    ``benchmark/correctness/batch_noise.py``). On a GPU the caller's ``SPEXIS_TEST_SERVER_ARGS``
+    bring ``--enable-deterministic-inference`` (batch-invariant kernels) instead.
     """
     from spexis_sglang.cpu_support import cuda_available
 

@@ -1,4 +1,5 @@
-"""benchmark/serving.py: one rate's record from bench_serving's JSON, and max rate under SLO.
+"""benchmark/serving/serving.py: one rate's record from bench_serving's JSON, and max rate under
+SLO.
 
 Synthetic inputs (no server): the numbers are chosen so that every value below is exact.
 """
@@ -10,7 +11,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
-    "benchmark_serving", os.path.join(HERE, "..", "..", "benchmark", "serving.py")
+    "benchmark_serving", os.path.join(HERE, "..", "..", "benchmark", "serving", "serving.py")
 )
 serving = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(serving)
@@ -206,7 +207,7 @@ def test_suggested_rates_cross_the_probe_capacity():
 def test_committed_workload_documents_are_consistent():
     from spexis_sglang.data import workloads
 
-    folder = os.path.join(HERE, "..", "..", "benchmark", "workloads")
+    folder = os.path.join(HERE, "..", "..", "benchmark", "serving", "workloads")
     names = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
     assert names == ["long.json", "sharegpt.json", "specbench.json"]
     for name in names:

@@ -1,4 +1,4 @@
-"""core/ is pure Python + numpy: no torch, no sglang (design.md §1)."""
+"""core/ is pure Python + numpy: no torch, no sglang (docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Online alpha (issue 16): the live profile and latency fit, and the chooser they drive.
+"""Online alpha: the live profile and latency fit, and the chooser they drive.
 
 The synthetic workload knows its own truth: candidates' acceptance depends only on their
 confidence-rank bin (a given profile, as in the paper's Figure 9) and an iteration's time is

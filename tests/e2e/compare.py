@@ -2,12 +2,12 @@
 
 The equality tests run every server in the exact mode (``spexis_sglang.testing.exact_test_args``:
 float64 on CPU, batch-invariant kernels on a GPU). In float64, batch composition moves a row's
-top-2 logit gap by ~1e-13 at most (``benchmark/cpu/batch_noise.py``), so a greedy token can
+top-2 logit gap by ~1e-13 at most (``benchmark/correctness/batch_noise.py``), so a greedy token can
 only flip where the two best logits tie to about 1e-12: across the suite's few thousand
 positions that has a probability of ~1e-8. The tests therefore demand identical token ids,
 with no noise classes. (Without the mode, SGLang's dtype "auto" runs these float32 checkpoints
 in float16, not float32: there the same shift reaches ~1e-2 and flipped CI's equality test at a
-relative gap of 3.8e-4, issue 15.)
+relative gap of 3.8e-4.)
 
 For a mismatch, the summary gives the first differing position and the float64 reference
 model's relative top-2 gap there, so a reader can see at once whether it is a near-tie.

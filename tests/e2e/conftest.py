@@ -84,6 +84,7 @@ E2E_ORDER = [
     "test_sp_bad_input.py",
     "test_sp_grammar.py",
     "test_sp_load.py",
+    "test_frontend_dsl.py",
     "test_sp_logprobs.py",
     "test_sp_lossless.py",
     "test_collect_backend.py",

@@ -69,7 +69,7 @@ def _serving_module():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving", "serving.py")
     spec = importlib.util.spec_from_file_location("benchmark_serving_e2e", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -77,9 +77,9 @@ def _serving_module():
 
 
 def test_sharegpt_workload_through_bench_serving(server_factory, model_dir, trained_head, tmp_path):
-    """benchmark/serving.py's path for a real workload: ShareGPT prompts (chat-formatted) and
-    answer lengths written as bench_serving's ShareGPT file, EOS honoured on real weights, one
-    Poisson rate against the SP server (the same server as the test above)."""
+    """benchmark/serving/serving.py's path for a real workload: ShareGPT prompts
+    (chat-formatted) and answer lengths written as bench_serving's ShareGPT file, EOS honoured
+    on real weights, one Poisson rate against the SP server (the same server as the test above)."""
     serving = _serving_module()
     server = server_factory(sp_args(2, trained_head))
     args = serving.parse_args(

@@ -1,6 +1,6 @@
 """Look-ahead admission in a real server: the default model, its shipped draft head and length
 predictor, a KV pool too small for the load. The gate decides how many requests to admit in
-place of SGLang's reservation (issue 16): some earlier than SGLang would, some held back.
+place of SGLang's reservation: some earlier than SGLang would, some held back.
 Requests are admitted at other times, never changed."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``--spexis-alpha auto`` on a real CPU server (issue 16): greedy outputs stay plain
-SGLang's, and the alpha the online chooser put in force is reported (``/server_info``,
-``/metrics``) and lies on the chooser's grid."""
+"""``--spexis-alpha auto`` on a real CPU server: greedy outputs stay plain SGLang's, and the
+alpha the online chooser put in force is reported (``/server_info``, ``/metrics``) and lies on
+the chooser's grid."""
 
 from __future__ import annotations
 

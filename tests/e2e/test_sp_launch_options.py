@@ -1,4 +1,4 @@
-"""SGLang launch options combined with SP (issue 14): greedy outputs equal plain SGLang's.
+"""SGLang launch options combined with SP: greedy outputs equal plain SGLang's.
 
 ``--dp-size 2``: SGLang's DataParallelController starts one full PP group per replica with the
 launcher's ``run_scheduler_process_func``, so each replica runs its own SP loop (its own

@@ -31,10 +31,10 @@ pytestmark = pytest.mark.e2e
 # hands the sampler float32 logits (``logits.float()``) and log_softmax runs in float32, so such
 # a move can at most flip the float32 rounding of a logit or of the log-sum-exp: one ulp each,
 # at most 3.8e-6 for |values| < 64. 1e-5 allows that (400x below the float16 ulps below);
-# measured: 0.0 (issue 15).
+# measured: 0.0.
 # (Without the exact mode SGLang's dtype "auto" runs a float32 checkpoint in float16, whose
-# logits are rounded to ulps of 2e-3..4e-3 at |logit| 2..8: the 4e-3 differences issue 15
-# recorded on the tiny model were one such ulp, not fp32 noise and not an SP bug.)
+# logits are rounded to ulps of 2e-3..4e-3 at |logit| 2..8: the 4e-3 differences once
+# seen on the tiny model were one such ulp, not fp32 noise and not an SP bug.)
 EXACT = "--spexis-float64" in exact_test_args()
 TOL = 1e-5 if EXACT else 1e-4
 TOP_K = 5
@@ -184,8 +184,8 @@ def test_deep_pipeline_logprobs_equal_plain(server_factory, tiny_model_dir, tiny
 
     The random:0 head is almost always wrong, so nearly every speculative row is rejected and
     comes back stale and re-executed positions overwrite stale KV: a row that read a stale or
-    out-of-range KV slot would move its logprobs by far more than TOL (issue 15: in float64
-    the two servers agree to 0.0 at PP=4 / alpha 0.25 and PP=2 / alpha 0)."""
+    out-of-range KV slot would move its logprobs by far more than TOL (in float64 the
+    two servers agree to 0.0 at PP=4 / alpha 0.25 and PP=2 / alpha 0)."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
     sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(4)])
     prompts = tiny_prompts[:8]

@@ -81,7 +81,8 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     graphs = after["decode_graph_replays"] - before["decode_graph_replays"]
     eager = after["decode_eager_forwards"] - before["decode_eager_forwards"]
     print(f"stage 0's decode forwards: {graphs} CUDA graph replays, {eager} eager")
-    if cuda_available():  # on a GPU (benchmark/gpu/sp_correctness.sh) SP decode runs in graphs
+    # on a GPU (benchmark/correctness/sp_correctness_gpu.sh) SP decode runs in graphs
+    if cuda_available():
         assert graphs > 0 and eager == 0
     else:
         assert graphs == 0 and eager > 0

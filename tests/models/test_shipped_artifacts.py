@@ -57,7 +57,7 @@ def test_length_predictor_loads_with_calibrated_cutoffs():
     assert all(0.0 < c <= 1.0 for c in lp.cfg.cutoffs)
     assert cfg.extra["target_precision"] == 0.8
     assert len(cfg.extra["precision"]) == 5
-    # the current recipe (session 4): hidden state only, monotone cumulative outputs, trained on
+    # the current recipe: hidden state only, monotone cumulative outputs, trained on
     # the unbiased window mask
     assert cfg.extra["features"] == [] and lp.cfg.features == ()
     assert lp.cfg.output == "cumulative" and cfg.extra["label_mask"] == "window"

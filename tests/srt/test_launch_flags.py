@@ -85,6 +85,10 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "cannot be combined with --enable-mixed-chunk: an SP iteration is either a prefill",
         ),
         (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--scheduler-recv-interval", "4"],
+            "needs --scheduler-recv-interval 1 (got 4): SGLang's receive skipper reads requests",
+        ),
+        (
             ["--pp-size", "3", "--spexis-draft-head", "bundled"],
             "no bundled draft head at exit layer 10",
         ),
@@ -137,7 +141,7 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
     ],
 )
 def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
-    """A numeric alpha works as before; 'auto' turns the online choice on (issue 16)."""
+    """A numeric alpha works as before; 'auto' turns the online choice on."""
     from spexis_sglang.launch_server import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
 
@@ -278,6 +282,10 @@ def test_help_names_the_launch_options_sp_combines_with_and_refuses(capsys):
         "Works with --dp-size (one SP pipeline per replica) and --page-size",
         "Refused with --pp-async-batch-depth > 0",
         "--enable-mixed-chunk (an SP iteration is a prefill chunk or SP decode rows",
+        "--scheduler-recv-interval > 1 (the later stages must read stage 0's plan",
+        "decode CUDA graphs are captured up to pp-size x SGLang's default batch",
+        "so requests may be admitted earlier than SGLang would",
+        "by ~1e-13 instead of up to ~0.1",
     ):
         assert "".join(text.split()) in out, text
 
@@ -355,3 +363,14 @@ def test_corrupt_artifact_weights_fail_at_launch(tmp_path, capsys, flag, name, h
     assert launch_server.main(argv) == 2
     err = capsys.readouterr().err
     assert f"{flag} {path}" in err and message in err, err
+
+
+def test_cpu_defaults_turn_graphs_off_without_the_deprecated_flag():
+    model = ensure_default_model()
+    argv = launch_server.prepare_argv(["--model-path", model], on_cpu=True)
+    assert "--disable-decode-cuda-graph" in argv and "--disable-prefill-cuda-graph" in argv
+    assert "--disable-cuda-graph" not in argv  # SGLang 0.5.17 prints a deprecation for it
+    # a user's own graph flag wins: the defaults add none
+    mine = launch_server.prepare_argv(["--model-path", model, "--disable-cuda-graph"], True)
+    assert mine.count("--disable-cuda-graph") == 1
+    assert "--disable-decode-cuda-graph" not in mine

@@ -109,3 +109,53 @@ def test_cuda_only_warnings_are_dropped():
         warnings.warn("Triton is not supported on current platform, roll back to CPU.")
         warnings.warn("a warning that stays", UserWarning)
     assert [str(w.message) for w in caught] == ["a warning that stays"]
+
+
+def _filtered(name: str, message: str, cpu: bool = True):
+    """What the filters ``install_log_filters`` puts on logger ``name`` make of ``message``."""
+    record = logging.LogRecord(name, logging.WARNING, __file__, 1, message, (), None)
+    for pattern_logger, rewrite in (*quiet.EVERYWHERE, *(quiet.ON_CPU if cpu else ())):
+        if pattern_logger == name and not quiet.RewriteFilter(rewrite).filter(record):
+            return None
+    return record.getMessage()
+
+
+def test_expected_startup_lines_are_silenced_and_others_kept():
+    llama = "sglang.srt.models.llama"
+    assert _filtered(llama, "Parameter model.embed_tokens.weight not found in params_dict") is None
+    assert _filtered(llama, "Parameter model.norm.weight not found in params_dict") is None
+    # a parameter that is really missing still shows
+    lost = "Parameter model.layers.3.mlp.up_proj.weight not found in params_dict"
+    assert _filtered(llama, lost) == lost
+    engine = "sglang.srt.entrypoints.engine"
+    assert _filtered(engine, "server_args=ServerArgs(model_path='m', " + "x=1, " * 500 + ")") == (
+        quiet.SERVER_ARGS_LINE
+    )
+    assert _filtered(engine, "other line") == "other line"
+    runner = "sglang.srt.model_executor.model_runner"
+    line = "Load weight end. elapsed=7.02 s, avail mem=8.44 GB, mem usage=-0.01 GB."
+    assert _filtered(runner, line) == line.replace("-0.01", "0.00")
+    assert _filtered(runner, line, cpu=False) == line  # a GPU's numbers are left alone
+    keep = "Load weight end. elapsed=7.02 s, avail mem=8.44 GB, mem usage=0.32 GB."
+    assert _filtered(runner, keep) == keep
+    assert (
+        _filtered(
+            "sglang.srt.server_args",
+            "Cuda graph is disabled because of using torch native attention backend",
+        )
+        is None
+    )
+    assert len(quiet.SERVER_ARGS_LINE) < 200 and quiet.SHOW_ALL_ENV in quiet.SERVER_ARGS_LINE
+
+
+def test_install_log_filters_is_idempotent_and_can_be_turned_off(monkeypatch):
+    name = "sglang.srt.models.qwen3"
+    before = len(logging.getLogger(name).filters)
+    monkeypatch.setenv(quiet.SHOW_ALL_ENV, "1")
+    quiet.install_log_filters(cpu=True)
+    assert len(logging.getLogger(name).filters) == before
+    monkeypatch.delenv(quiet.SHOW_ALL_ENV)
+    quiet.install_log_filters(cpu=True)
+    quiet.install_log_filters(cpu=True)
+    added = [f for f in logging.getLogger(name).filters if isinstance(f, quiet.RewriteFilter)]
+    assert len(added) == 1

@@ -21,6 +21,6 @@ def test_paths_inside_the_checkout_are_relative_outside_by_name(tmp_path, monkey
 
 def test_command_lines_keep_everything_but_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    argv = ["--batches", "64", "--server-args", "--dtype bfloat16", "--out", "/root/out/r.json"]
+    argv = ["--batches", "64", "--server-args", "--dtype bfloat16", "--out", "/srv/out/r.json"]
     argv += ["--head", str(tmp_path / "heads" / "h")]
     assert recorded_args(argv) == argv[:5] + ["r.json", "--head", os.path.join("heads", "h")]

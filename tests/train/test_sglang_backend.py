@@ -91,7 +91,7 @@ def _fake_set(cfg, name, sequences, missing=0):
 
 
 def test_empty_or_partial_evaluation_sets_are_skipped(tmp_path, caplog):
-    """Run 1 crashed on an empty other_test (KeyError 'hidden_15'): such sets are left out of
+    """An empty other_test once crashed evaluate (KeyError 'hidden_15'): such sets are left out of
     evaluate / check-artifacts with a warning; a set never collected is silently absent."""
     cfg = pipeline.make_config("tiny", model_path="-", work_dir=str(tmp_path))
     _fake_set(cfg, "sharegpt_test", [{"uid": "a"}])

@@ -1,4 +1,4 @@
-"""Spexis scheduling core: pure Python + numpy, no torch, no SGLang (design.md §1).
+"""Spexis scheduling core: pure Python + numpy, no torch, no SGLang (docs/design.md §1).
 
 What the scheduler decides, and nothing about how SGLang is made to do it:
 

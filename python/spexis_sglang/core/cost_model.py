@@ -280,7 +280,7 @@ def sp_alpha_exact(
 ) -> SPAlphaSteadyState:
     """Exact steady state of selective speculation for the per-request mechanics.
 
-    Mechanics (those of ``design.md`` §2 and of :func:`simulation.simulate_sp`): each of
+    Mechanics (those of ``docs/design.md`` §2 and of :func:`simulation.simulate_sp`): each of
     ``B`` requests has at most one row per iteration. After an effective row, the request's
     new draft is dropped with probability ``alpha`` (the request then waits for verification
     and returns ``N`` iterations later with a normal row), otherwise it is launched and is

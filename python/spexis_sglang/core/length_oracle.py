@@ -26,7 +26,7 @@ the predictor (``models/length_predictor.predicted_bucket``).
 Remaining length: as the predictor's (``models/length_predictor``), the tokens the request
 will still emit from this row on, the row's own token included (1 on the request's last row).
 
-Pure numpy (design.md §1); the server side is ``srt/sp_length_oracle.py``.
+Pure numpy (docs/design.md §1); the server side is ``srt/sp_length_oracle.py``.
 """
 
 from __future__ import annotations

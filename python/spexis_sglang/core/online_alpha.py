@@ -1,4 +1,4 @@
-"""Selective speculation's drop ratio chosen online (``--spexis-alpha auto``, issue 16).
+"""Selective speculation's drop ratio chosen online (``--spexis-alpha auto``).
 
 The paper (§5.1) profiles acceptance against confidence rank offline and picks a fixed
 ``alpha`` with the cost model. :class:`OnlineAlpha` keeps the chooser's two inputs live on

@@ -1,4 +1,4 @@
-"""Brute-force simulations that check the closed forms of this package (design.md §6).
+"""Brute-force simulations that check the closed forms of this package (docs/design.md §6).
 
 Each simulation plays out the *mechanics* of a process, row by row or iteration by
 iteration, without using the formula it checks:

@@ -1,5 +1,5 @@
 """Speculative-parallel bookkeeping in arrays indexed by request slot: :class:`SPState` for the
-hot path (design.md §2-3, research/sglang-cuda-graph-sp.md §4.1).
+hot path (docs/design.md §2-3).
 
 :class:`SlotState` keeps exactly the state of :class:`~.sp_state.SPState` (read its module
 docstring first: positions, rows, epochs, draining), but in preallocated numpy arrays indexed

@@ -1,4 +1,4 @@
-"""Per-request bookkeeping of speculative parallelism: epochs, not flags (design.md §2-3).
+"""Per-request bookkeeping of speculative parallelism: epochs, not flags (docs/design.md §2-3).
 
 Positions and rows
 ------------------
@@ -36,7 +36,7 @@ has forgotten) are answered ``STALE`` as well, so a late row can never crash the
 Memory accounting
 -----------------
 The KV slots a request owns extend to its highest launched position (stale positions stay
-allocated and are overwritten by the re-executed rows, design.md §4).
+allocated and are overwritten by the re-executed rows, docs/design.md §4).
 :meth:`SPState.num_inflight_positions` is the number of those slots beyond the verified
 tokens: what admission and retraction must add to ``verified_len``.
 

@@ -12,8 +12,9 @@ What is needed there, and only there:
   applies it with GPU kernels only; :mod:`.grammar` uses xgrammar's CPU kernel instead;
 * one OpenMP thread per process and passive waiting (PP ranks share the two cores);
 * start-up output a user can read: SGLang's per-module import errors of models that cannot
-  load here become one summary line, and import-time warnings about CUDA-only features are
-  dropped (:mod:`.quiet`).
+  load here become one summary line; import-time warnings about CUDA-only features, lines about
+  the CUDA graphs the CPU defaults turn off, and the weight-loading progress bar are dropped
+  (:mod:`.quiet`).
 
 :func:`activate` applies all of this to the current process and to the environment that
 spawned children inherit; ``shim/sitecustomize.py`` re-applies the start-up hooks in every
@@ -95,9 +96,15 @@ def install_startup_hooks() -> None:
     _install_triton_stub()
     _declare_torchvision_schemas()
     from spexis_sglang.cpu_support import grammar
-    from spexis_sglang.cpu_support.quiet import quiet_startup
+    from spexis_sglang.cpu_support.quiet import (
+        install_log_filters,
+        quiet_startup,
+        quiet_weight_loading,
+    )
 
     quiet_startup()
+    install_log_filters(cpu=True)
+    quiet_weight_loading()
     grammar.install()
 
 

@@ -8,6 +8,16 @@ the model being served. This module replaces the import errors by one summary li
 server process only: the schedulers import the same modules) that names the skipped modules,
 and drops those warnings. ``SPEXIS_SHOW_SKIPPED_MODELS=1`` turns it off.
 
+On every machine (:func:`install_log_filters`, from ``srt/hooks.py`` in the server and
+scheduler processes) a few more expected lines are silenced at their logger: the several
+thousand characters of ``server_args=...`` (one line says how to print them), each PP stage's
+``Parameter model.embed_tokens.weight / model.norm.weight not found in params_dict`` (a stage
+holds no embedding or no final norm), and fastapi's deprecation warning about SGLang's
+``ORJSONResponse``. On CPU also: a negative ``mem usage`` (the machine's free memory, moved by
+other processes meanwhile) reads ``0.00``, SGLang's notes that CUDA graphs and the AMX
+all-reduce are off are dropped, and the weight-loading progress bar (the default model loads in
+seconds) is not drawn. ``SPEXIS_SHOW_ALL_STARTUP_LINES=1`` keeps every line.
+
 Everything else SGLang logs is left alone.
 """
 
@@ -19,6 +29,7 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Dict, Optional, Sequence
@@ -124,3 +135,123 @@ def quiet_startup() -> Optional[SkippedModelImportsFilter]:
         return skipped  # already imported: its messages are out, nothing to summarize
     after_import(REGISTRY_MODULE, report)
     return skipped
+
+
+# --------------------------------------------------------------------------- start-up lines
+# Lines SGLang logs on every start that a user reads as errors although they are expected.
+# Each is silenced (or rewritten) at its logger, so every other line of that logger stays.
+SHOW_ALL_ENV = "SPEXIS_SHOW_ALL_STARTUP_LINES"
+SERVER_ARGS_LINE = (
+    "SGLang's resolved server arguments are not printed (several thousand characters; the "
+    f"'spexis launch' line has the command line): {SHOW_ALL_ENV}=1 prints them"
+)
+# a PP stage holds no embedding (later stages) or no final norm (earlier stages): SGLang's
+# loader reports the checkpoint's copy as unused on each such stage
+PP_STAGE_PARAMS = ("model.embed_tokens.weight", "model.norm.weight")
+_NEGATIVE_MEM = re.compile(r"mem usage=-\d+(\.\d+)? GB")
+
+
+def _server_args(message: str) -> Optional[str]:
+    return SERVER_ARGS_LINE if message.startswith("server_args=") else message
+
+
+def _pp_stage_param(message: str) -> Optional[str]:
+    for name in PP_STAGE_PARAMS:
+        if message == f"Parameter {name} not found in params_dict":
+            return None
+    return message
+
+
+def _negative_mem(message: str) -> Optional[str]:
+    # on CPU "memory" is the machine's free memory, which other processes move meanwhile
+    return _NEGATIVE_MEM.sub("mem usage=0.00 GB", message)
+
+
+def _drop_prefixes(*prefixes: str) -> Callable[[str], Optional[str]]:
+    return lambda message: None if message.startswith(prefixes) else message
+
+
+class RewriteFilter(logging.Filter):
+    """Applies ``rewrite`` to each record's message: ``None`` drops it, a new text replaces it."""
+
+    def __init__(self, rewrite: Callable[[str], Optional[str]]) -> None:
+        super().__init__()
+        self.rewrite = rewrite
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        new = self.rewrite(message)
+        if new is None:
+            return False
+        if new != message:
+            record.msg, record.args = new, ()
+        return True
+
+
+_MODELS = ("sglang.srt.models.llama", "sglang.srt.models.qwen3")
+EVERYWHERE: Sequence = (
+    ("sglang.srt.entrypoints.engine", _server_args),
+    *((name, _pp_stage_param) for name in _MODELS),
+)
+ON_CPU: Sequence = (
+    ("sglang.srt.model_executor.model_runner", _negative_mem),
+    ("sglang.srt.distributed.bootstrap", _negative_mem),
+    (
+        "sglang.srt.distributed.bootstrap",
+        _drop_prefixes("init_cpu_threads_env and shared memory based AllReduce is disabled"),
+    ),
+    # the CPU defaults turn CUDA graphs off; SGLang says so once per phase and process
+    (
+        "sglang.srt.server_args",
+        _drop_prefixes("Cuda graph is disabled because of using torch native attention"),
+    ),
+    (
+        "sglang.srt.model_executor.model_runner_components.cuda_graph_setup",
+        _drop_prefixes("Disable prefill CUDA graph because cuda_graph_config resolved"),
+    ),
+)
+# SGLang's HTTP server still answers with fastapi's deprecated ORJSONResponse; fastapi warns,
+# with a source line, at the first such answer
+FASTAPI_WARNINGS: Sequence[str] = (r"(ORJSONResponse|UJSONResponse) is deprecated",)
+
+
+def install_log_filters(cpu: bool) -> None:
+    """Silence the expected start-up lines in this process (idempotent)."""
+    if os.environ.get(SHOW_ALL_ENV) == "1":
+        return
+    for pattern in FASTAPI_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    for name, rewrite in (*EVERYWHERE, *(ON_CPU if cpu else ())):
+        logger_ = logging.getLogger(name)
+        if not any(isinstance(f, RewriteFilter) and f.rewrite is rewrite for f in logger_.filters):
+            logger_.addFilter(RewriteFilter(rewrite))
+
+
+def quiet_weight_loading() -> None:
+    """On CPU the default model loads in seconds, and SGLang's progress bar for it lands in the
+    middle of the other processes' log lines: load without it."""
+    if os.environ.get(SHOW_ALL_ENV) == "1":
+        return
+
+    def patch() -> None:
+        module = sys.modules.get("sglang.srt.model_loader.weight_utils")
+        base = getattr(module, "tqdm", None)
+        if base is None or getattr(base, "_spexis_quiet", False):
+            return
+
+        class QuietTqdm(base):  # type: ignore[misc, valid-type]
+            _spexis_quiet = True
+
+            def __init__(self, *args, **kwargs):
+                kwargs["disable"] = True
+                super().__init__(*args, **kwargs)
+
+        module.tqdm = QuietTqdm
+
+    if "sglang.srt.model_loader.weight_utils" in sys.modules:
+        patch()
+    else:
+        after_import("sglang.srt.model_loader.weight_utils", patch)

@@ -1,4 +1,4 @@
-"""Serving workloads for ``benchmark/serving.py``: real prompts, realistic output lengths.
+"""Serving workloads for ``benchmark/serving/serving.py``: real prompts, realistic output lengths.
 
 Three request sets, each built from the packaged data (no download) and the served model's
 tokenizer, so that every length is in the tokens the server counts:

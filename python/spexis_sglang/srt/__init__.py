@@ -1,1 +1,1 @@
-"""Everything that touches SGLang internals lives here (design.md §1)."""
+"""Everything that touches SGLang internals lives here (docs/design.md §1)."""

@@ -13,8 +13,8 @@ others run. The gate feeds :class:`spexis_sglang.core.admission.AdmissionPlanner
 and gets back the number of requests (from the head of the queue) to admit now. The answer
 travels to the later stages in the iteration's plan, so every rank admits the same requests.
 
-How many the KV pool allows is the gate's too (:meth:`AdmissionGate.reservation_count`, issue
-16): SGLang's admission reserves each running request's future tokens (``new_token_ratio``
+How many the KV pool allows is the gate's too (:meth:`AdmissionGate.reservation_count`):
+SGLang's admission reserves each running request's future tokens (``new_token_ratio``
 times what ``max_new_tokens`` leaves) and a new request's whole ``max_new_tokens`` as if
 nothing ever finished, so memory that finishing requests are about to free stays idle. The gate
 plays the demand forward (:func:`~spexis_sglang.core.admission.reservation_admit_count`) with

@@ -103,7 +103,7 @@ class SpexisConfig:
     #: Prefill-to-decode latency ratio ``t_p / t_d`` of the admission gain G.
     admission_pdr: float = 2.0
     #: Exact-equality test mode (CPU only): weights, activations and KV cache in float64,
-    #: so a row's logits move by ~1e-16 when the batch around it changes (design.md §5).
+    #: so a row's logits move by ~1e-16 when the batch around it changes (docs/design.md §5).
     float64: bool = False
     #: Constrained decoding: stage 0's draft head drafts only tokens the row's grammar allows.
     grammar_draft_mask: bool = True

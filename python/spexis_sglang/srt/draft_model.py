@@ -1,4 +1,4 @@
-"""The stage-0 draft head inside SGLang's own model (design.md §2 step 1, §4).
+"""The stage-0 draft head inside SGLang's own model (docs/design.md §2 step 1, §4).
 
 Stage 0 of a pipeline with two or more stages carries an early-exit *draft head* on the residual
 stream it hands downstream. The head runs inside the model's ``forward`` so that it sees the same

@@ -1,4 +1,4 @@
-"""Stage 0's KV pool grows by the draft head's layers (design.md §4, map §4.2).
+"""Stage 0's KV pool grows by the draft head's layers (docs/design.md §4).
 
 :class:`SpexisModelRunner` gives stage 0's ``MHATokenToKVPool`` ``K`` more layers (ids
 ``end_layer .. end_layer+K-1``) for the draft head's attention, before SGLang sizes the pool.

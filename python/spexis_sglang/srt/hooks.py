@@ -45,9 +45,12 @@ def install() -> None:
     from sglang.srt.managers import scheduler as scheduler_module
 
     from spexis_sglang.cpu_support import cuda_available
+    from spexis_sglang.cpu_support.quiet import install_log_filters
     from spexis_sglang.srt.config import get_config
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
 
+    # SGLang's expected start-up lines that read as errors (quiet.py)
+    install_log_filters(cpu=not cuda_available())
     scheduler_module.Scheduler = SpexisScheduler
     if not cuda_available():
         install_cpu_paged_kernels()

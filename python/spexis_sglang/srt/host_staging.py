@@ -3,7 +3,7 @@ metadata up (:class:`HostStaging`), stage 0's drafts back (:class:`HostReadback`
 
 A ``.to(device)`` of a pageable host tensor synchronises the stream, and CUDA's wait spins a
 CPU core. On an H200 with CUDA graphs, stage 0's KV bookkeeping cost 0.45 ms of CPU per
-iteration at 256 rows (issue 12). :class:`HostStaging` copies through a ring of pinned buffers
+iteration at 256 rows. :class:`HostStaging` copies through a ring of pinned buffers
 with ``non_blocking=True`` instead: the copy is queued on the current stream, ahead of the
 kernels that read it, and the scheduler goes on at once.
 

@@ -1,4 +1,4 @@
-"""SGLang's ``PrefillAdder`` with its token reservation replaced by a count (issue 16).
+"""SGLang's ``PrefillAdder`` with its token reservation replaced by a count.
 
 Under ``--spexis-lookahead-admission`` stage 0's gate decides how many waiting requests to
 admit from a projection of the KV demand over time (:mod:`spexis_sglang.srt.admission_gate`),

@@ -1,11 +1,11 @@
 """Developer aids of the SP loop.
 
 :class:`LoopProfiler` (``SPEXIS_PROFILE_LOOP``): a cProfile of a scheduler's event loop, for
-finding per-row Python costs. It counts the thread's CPU time, the quantity issue 12 budgets:
-a wall-clock profile charges blocking waits (gloo sends, the previous stage) to whatever
-function waited. The scheduler runs in a child process that is killed at
-shutdown, so the statistics are written every ``interval_s`` seconds instead of at exit. Read
-them with ``python -m pstats FILE``.
+finding per-row Python costs. It counts the thread's CPU time, the quantity the loop's cost is
+measured in: a wall-clock profile charges blocking waits (gloo sends, the previous stage) to
+whatever function waited. The scheduler runs in a child process that is killed at shutdown, so
+the statistics are written every ``interval_s`` seconds instead of at exit. Read them
+with ``python -m pstats FILE``.
 
 :class:`DraftLog` (``SPEXIS_DRAFT_LOG``): stage 0's drafts per decode batch.
 """

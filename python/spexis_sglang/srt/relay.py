@@ -4,7 +4,7 @@ Every loop iteration, stage ``k`` relays what it received (and, from stage 0, th
 :class:`~spexis_sglang.srt.protocol.SpexisPlan`) to stage ``k + 1``, which blocks until it has
 it. SGLang does this with ``point_to_point_pyobj`` over the gloo world group: even an empty relay
 is a size tensor, a gloo ``isend`` and a ``wait``, ~0.1 ms of stage 0's CPU per iteration in the
-server (issue 12; ~21 µs warm on the CPU box, against <1 µs for a zmq send). On one node the SP
+server (~21 µs warm on the CPU box, against <1 µs for a zmq send). On one node the SP
 loop relays through a zmq PUSH/PULL pair on an abstract ipc address instead: the same messages
 in the same order, one pickle each, and the receiving stage still blocks until its message is
 there.

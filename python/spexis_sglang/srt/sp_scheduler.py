@@ -29,7 +29,7 @@ Every PP rank runs this scheduler on mirrored state and builds the same batches:
   request relay, which stage 0 therefore sends after it has scheduled; a plan that decides
   nothing is left out, so a steady decode iteration relays ``[]`` exactly as stock PP does.
 
-What an iteration costs on the host (issue 12): the SP state, the sampling parameters
+What an iteration costs on the host: the SP state, the sampling parameters
 (``sp_sampling``) and forced acceptance (``sp_forced``) live in arrays indexed by request slot,
 so building a batch and verifying its results are a few dozen numpy operations. For a batch
 that returns only tokens, ``sp_emit`` prefilters with numpy which rows SGLang's finish check

@@ -143,7 +143,7 @@ PRESETS: dict[str, dict] = {
     ),
     # one H200: the shipped artifacts
     "gpu": _GPU,
-    # one H200, two device calls (benchmark/gpu/train_artifacts.sh PHASE=collect, then
+    # one H200, two device calls (benchmark/quality/train_artifacts_gpu.sh PHASE=collect, then
     # PHASE=train): every ShareGPT training-split conversation plus the gpu preset's other
     # sources (the same prompts: seeded order), answers capped at 768 instead of 256, the
     # evaluation sets of the gpu preset; 10 draft epochs (run 2: validation acceptance still rose
@@ -259,7 +259,7 @@ def _setup(cfg: PipelineConfig) -> None:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     # on a GPU too: the host side (batch assembly, label building) runs torch CPU ops, and
-    # parallel step processes (benchmark/gpu/train_artifacts.sh) each default to one thread
+    # parallel step processes (benchmark/quality/train_artifacts_gpu.sh) each default to one thread
     # per core, oversubscribing the machine
     torch.set_num_threads(max(1, cfg.threads))
     if cfg.device != "cpu":
