@@ -501,7 +501,8 @@ def run_config(
         res["server_env"] = cfg.get("env") or {}
         if python_path:
             res["python_path"] = os.path.relpath(python_path, REPO)
-        res["cmd"] = " ".join(srv.cmd)
+        # as a reader reruns it: repository-relative, the machine's interpreter left out
+        res["cmd"] = " ".join(["python3", *srv.cmd[1:]]).replace(REPO + os.sep, "")
     rng = random.Random(1234)
     current = results[0]
     try:
