@@ -64,6 +64,7 @@ __all__ = [
     "ServingWorkload",
     "SimResult",
     "simulate",
+    "simulate_decode_benchmark",
 ]
 
 MODES = ("tp", "pp", "sp")
@@ -170,9 +171,14 @@ class AcceptanceModel:
 
 @dataclass(frozen=True)
 class DecodeWorkload:
-    """``batch`` requests decoding from KV length ``context``, never finishing.
+    """``batch`` prompts of ``context`` tokens sent at once, decoding without end.
 
-    The throughput is measured between stage 0's launches ``warmup`` and ``iterations``.
+    As in ``benchmark/gpu/decode_throughput.py``: the prompts are admitted by SGLang's
+    prefill (``prefill_chunk`` tokens per prefill batch, at most ``max_running // pp``
+    requests per stock-PP micro-batch), which decides how stock PP's micro-batches fill
+    (64 prompts of 128 tokens fit one 8,192-token chunk: one micro-batch, the other empty).
+    ``prefill_chunk=None`` skips prefill and spreads the requests evenly. The throughput is
+    measured between stage 0's launches ``warmup`` and ``iterations``.
     """
 
     batch: int
@@ -180,12 +186,16 @@ class DecodeWorkload:
     iterations: int = 300
     warmup: int = 60
     theta: Optional[float] = None  # default: the acceptance model's
+    prefill_chunk: Optional[int] = 8192
+    max_running: int = 512
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.context < 1:
             raise ValueError("batch and context must be >= 1")
         if not 0 <= self.warmup < self.iterations:
             raise ValueError("need 0 <= warmup < iterations")
+        if self.batch > self.max_running:
+            raise ValueError(f"batch {self.batch} exceeds max_running {self.max_running}")
 
 
 @dataclass(frozen=True)
@@ -289,15 +299,24 @@ class _Requests:
         return self.prompt[idx] + self.committed[idx]
 
 
+@dataclass(frozen=True)
+class _Admission:
+    chunk: int
+    max_running: int
+    per_slot: int  # stock PP: SGLang's pp_max_micro_batch_size (max_running // pp)
+    kv_capacity: float
+    reserve_ratio: float
+
+
 class _Policy:
     """Stage 0's scheduling decisions and result processing (subclasses per mode)."""
 
     kind = "pp"
 
-    def __init__(self, sim: "_Sim", reqs: _Requests, wl) -> None:
+    def __init__(self, sim: "_Sim", reqs: _Requests, adm: Optional[_Admission]) -> None:
         self.sim = sim
         self.r = reqs
-        self.wl = wl
+        self.adm = adm
         self.committed_log: list = []  # (time, tokens) per processed decode batch
         self.rows_log: list = []  # (k, rows, tokens_effective) per processed decode batch
         self.outstanding = 0  # launched batches not yet processed
@@ -314,18 +333,22 @@ class _Policy:
         run = np.flatnonzero(r.running)
         used = float((r.prompt[run] + r.committed[run]).sum())
         left = np.minimum(r.output[run] - r.committed[run], 1e9)
-        return used + self.wl.reserve_ratio * float(left.sum())
+        return used + self.adm.reserve_ratio * float(left.sum())
+
+    def _slot_room(self, mb: int) -> int:
+        return 1 << 62
 
     def _admit(self, k: int, mb: int) -> Optional[_Batch]:
-        """A prefill batch of queued requests, or None."""
-        wl = self.wl
-        if not isinstance(wl, ServingWorkload):
+        """A prefill batch of queued requests (SGLang admits prefill first), or None."""
+        adm = self.adm
+        if adm is None:
             return None
         r = self.r
         self._arrive(self.sim.loop.now)
         if not r.queue and r.chunked is None:
             return None
-        budget = wl.chunk_tokens
+        budget = adm.chunk
+        room = self._slot_room(mb)
         n_run = int(r.running.sum()) + self._prefilling()
         taken: list[int] = []
         tokens = 0
@@ -340,13 +363,14 @@ class _Policy:
             taken.append(i)
             r.chunked = None if r.prefilled[i] >= r.prompt[i] else i
             budget -= chunk
-        while r.queue and budget > 0 and r.chunked is None:
+        while r.queue and budget > 0 and r.chunked is None and room > 0:
             i = r.queue[0]
-            if n_run + 1 > wl.max_running:
+            if n_run + 1 > adm.max_running:
                 break
-            need = float(r.prompt[i]) + wl.reserve_ratio * float(min(r.output[i], 1e9))
-            if used + need > wl.kv_capacity_tokens:
+            need = float(r.prompt[i]) + adm.reserve_ratio * float(min(r.output[i], 1e9))
+            if used + need > adm.kv_capacity:
                 break
+            room -= 1
             r.queue.pop(0)
             chunk = min(budget, int(r.prompt[i]))
             r.prefilled[i] = chunk
@@ -413,11 +437,14 @@ class _Policy:
 class _MicroBatchPolicy(_Policy):
     """Stock PP (``L`` micro-batches) and TP (one batch): one token per request per step."""
 
-    def __init__(self, sim, reqs, wl, slots: int) -> None:
-        super().__init__(sim, reqs, wl)
+    def __init__(self, sim, reqs, adm, slots: int) -> None:
+        super().__init__(sim, reqs, adm)
         self.slots: list[list[int]] = [[] for _ in range(slots)]
         self.pending = [0] * slots  # requests prefilling into each slot
         self.L = slots
+
+    def _slot_room(self, mb: int) -> int:
+        return self.adm.per_slot - len(self.slots[mb]) - self.pending[mb]
 
     def seed(self, idx: np.ndarray) -> None:
         for j, i in enumerate(idx.tolist()):
@@ -462,8 +489,8 @@ class _SPPolicy(_Policy):
 
     kind = "sp"
 
-    def __init__(self, sim, reqs, wl, num_stages: int, alpha: float, acc: AcceptanceModel, rng):
-        super().__init__(sim, reqs, wl)
+    def __init__(self, sim, reqs, adm, num_stages: int, alpha: float, acc: AcceptanceModel, rng):
+        super().__init__(sim, reqs, adm)
         n = reqs.n
         self.N = num_stages
         self.alpha = alpha
@@ -622,6 +649,8 @@ class _Sim:
         self.out_links = [
             Link(self.loop, lk.latency_s, lk.bandwidth_Bps, f"out{r}") for r in range(self.N)
         ]
+        for link in self.proxy_links + self.out_links:
+            link.stream.log = []
         self.batches: dict[int, Optional[_Batch]] = {}
         self._signals: dict = {}
         self.rng = np.random.default_rng(seed)
@@ -648,15 +677,28 @@ class _Sim:
             self.reqs = _Requests(
                 n, workload.prompt_len, workload.output_len, th, workload.arrival_s
             )
-        if dep.mode == "sp":
-            self.policy: _Policy = _SPPolicy(
-                self, self.reqs, workload, self.N, dep.alpha, acc, self.rng
-            )
-        else:
-            self.policy = _MicroBatchPolicy(
-                self, self.reqs, workload, self.L if dep.mode == "pp" else 1
-            )
         if isinstance(workload, DecodeWorkload):
+            adm = None
+            if workload.prefill_chunk is not None:
+                per_slot = max(1, workload.max_running // dep.pp)
+                adm = _Admission(
+                    workload.prefill_chunk, workload.max_running, per_slot, math.inf, 0.0
+                )
+        else:
+            per_slot = max(1, workload.max_running // dep.pp)
+            adm = _Admission(
+                workload.chunk_tokens,
+                workload.max_running,
+                per_slot,
+                float(workload.kv_capacity_tokens),
+                workload.reserve_ratio,
+            )
+        if dep.mode == "sp":
+            self.policy: _Policy = _SPPolicy(self, self.reqs, adm, self.N, dep.alpha, acc, self.rng)
+        else:
+            slots = self.L if dep.mode == "pp" else 1
+            self.policy = _MicroBatchPolicy(self, self.reqs, adm, slots)
+        if adm is None:
             self.policy.seed(np.arange(self.reqs.n))
         self.kind = dep.mode
 
@@ -713,13 +755,18 @@ class _Sim:
         dur, mf = self.gpu_time(r, b)
         inputs = [self.sig("proxy_data", r, k)] if r > 0 else []
         done = self.sig("gpu", r, k)
+        last = r == self.N - 1
         if self.spec.graphs:
             yield self.host(r, "launch", b)
             self.streams[r].submit(dur, after=inputs, mem_frac=mf, tag=k, done=done)
+            if last:  # sampling runs outside the graph: the host launches it after the replay
+                yield self.host(r, "sample", b)
         else:
             issued = Signal(self.loop)
             self.streams[r].submit(dur, after=inputs, min_end=issued, mem_frac=mf, tag=k, done=done)
             yield self.host(r, "launch", b)
+            if last:
+                yield self.host(r, "sample", b)
             issued.fire()
         if r == 0:
             self.launch_times.append(self.loop.now)
@@ -772,14 +819,11 @@ class _Sim:
                     if prev is not None and prev.kind == "decode":
                         yield from self._wait(r, "wait_draft", self.sig("gpu", 0, k - 1))
                         yield self.host(r, "draft_sync", prev)
-                if self.policy.idle() and isinstance(self.wl, ServingWorkload):
+                if self.policy.idle() and self.policy.adm is not None:
                     if self.policy.all_done():
                         self.stopping = True
                         return
-                    nxt = self.reqs.arrival[self.reqs.next_arrival]
-                    if nxt > self.loop.now:
-                        self._charge(r, "idle", nxt - self.loop.now)
-                        yield nxt - self.loop.now
+                    yield from self._sleep_until_arrival(r)
                 b = self._decide(k)
             else:
                 yield from self._wait(r, "wait_decision", self.sig("decided", 0, k))
@@ -818,14 +862,11 @@ class _Sim:
         """PP=1: SGLang's overlap loop (launch k, then process k-1)."""
         k = 0
         while not self.stopping:
-            if self.policy.idle() and isinstance(self.wl, ServingWorkload):
+            if self.policy.idle() and self.policy.adm is not None:
                 if self.policy.all_done():
                     self.stopping = True
                     return
-                nxt = self.reqs.arrival[self.reqs.next_arrival]
-                if nxt > self.loop.now:
-                    self._charge(0, "idle", nxt - self.loop.now)
-                    yield nxt - self.loop.now
+                yield from self._sleep_until_arrival(0)
             b = self._decide(k)
             yield self.host(0, "schedule", b)
             if b is not None:
@@ -839,6 +880,15 @@ class _Sim:
                 self._after_process()
             k += 1
             self._gc(k - 4)
+
+    def _sleep_until_arrival(self, r: int) -> Generator:
+        """Nothing runs and nothing is queued: the loop idles until the next request."""
+        req = self.reqs
+        if req.next_arrival < req.n:
+            nxt = float(req.arrival[req.next_arrival])
+            if nxt > self.loop.now:
+                self._charge(r, "idle", nxt - self.loop.now)
+                yield nxt - self.loop.now
 
     def _after_process(self) -> None:
         wl = self.wl
@@ -983,6 +1033,46 @@ class _Sim:
             "e2e_s": pct(e2e),
             "normalized_latency_s": pct(e2e / out),
         }
+
+
+def simulate_decode_benchmark(
+    deployment: Deployment,
+    machine: Machine,
+    batch: int,
+    acceptance: Optional[AcceptanceModel] = None,
+    loop: Optional[LoopSpec] = None,
+    input_len: int = 128,
+    short_output: int = 16,
+    long_output: int = 128,
+    max_running: int = 512,
+    prefill_chunk: int = 8192,
+    seed: int = 0,
+) -> tuple[float, SimResult, SimResult]:
+    """The protocol of ``benchmark/gpu/decode_throughput.py``, simulated.
+
+    ``batch`` prompts arrive at once; one run stops at ``short_output`` new tokens, one at
+    ``long_output``; the decode throughput is ``batch / T_step`` with ``T_step = (t_long -
+    t_short) / (long - short)``. Prefill and the ramp-up cancel out; what remains includes the
+    tail in which SP's requests, whose tokens arrive after random numbers of iterations, finish
+    one by one. Returns ``(tokens/s, short run, long run)``.
+    """
+    if not 0 < short_output < long_output:
+        raise ValueError("need 0 < short_output < long_output")
+    runs = []
+    for out in (short_output, long_output):
+        wl = ServingWorkload(
+            arrival_s=np.zeros(batch),
+            prompt_len=np.full(batch, input_len),
+            output_len=np.full(batch, out),
+            max_running=max_running,
+            chunk_tokens=prefill_chunk,
+            reserve_ratio=0.0,
+        )
+        runs.append(simulate(deployment, machine, wl, acceptance, loop, seed))
+    t_short = runs[0].serving["makespan_s"]
+    t_long = runs[1].serving["makespan_s"]
+    t_step = (t_long - t_short) / (long_output - short_output)
+    return batch / t_step, runs[0], runs[1]
 
 
 def simulate(
