@@ -116,6 +116,27 @@ def host_graphs_overlap(serial: dict) -> dict:
     return HostCosts(phases, source=src).to_json()
 
 
+def acceptance() -> dict:
+    """The draft head's measured acceptance: by confidence decile, and per dataset category."""
+    q = json.loads((ROOT / M.COMMITTED["quality"]).read_text())
+    rp = q["draft"]["exit15"]["rank_profile"]
+    a = json.loads((ROOT / M.COMMITTED["sp_acceptance"]).read_text())
+    head = next(iter(a["per_head"].values()))
+    cats = {k: v["acceptance"] for k, v in head.items() if isinstance(v, dict)}
+    return {
+        "rank_profile": [round(x, 4) for x in rp["acceptance"]],
+        "rank_profile_source": (
+            f"{M.COMMITTED['quality']}: draft exit 15 of the default model, acceptance by "
+            f"confidence decile (most confident first), {rp['rows']} rows"
+        ),
+        "per_category": cats,
+        "per_category_source": (
+            f"{M.COMMITTED['sp_acceptance']}: in-server acceptance per SpecBench-like "
+            "category, real weights, bf16, graphs on"
+        ),
+    }
+
+
 def mps_sharing() -> dict:
     p = M.MPS_PROBE_2026_12_02
     w, a, b = p["whole_gpu"], p["one_client_alone"], p["two_clients_each"]
@@ -163,7 +184,11 @@ def fit_stage_times(path: Path, cal_json: dict) -> dict:
     ratios: dict = {}
     for st in data["stages"]:
         shape = load_model_shape(str(ROOT / st["config_dir"]))
-        costs = stage_costs_for(shape, "h200_sxm", 1)
+        try:
+            costs = stage_costs_for(shape, "h200_sxm", 1)
+        except ValueError as e:
+            logger.warning("skipping %s: %s", st["model"], e)
+            continue
         plan = StagePlan(st["layers"], ("embedding", "lm_head", "sampling"))
         for pt in st["points"]:
             meas = pt.get("decode_ms_pipelined") or pt.get("decode_ms_sync")
@@ -171,6 +196,8 @@ def fit_stage_times(path: Path, cal_json: dict) -> dict:
                 continue
             pred = costs.stage_time(plan, pt["batch"], pt["kv_len_mean"]) * 1e3
             ratios.setdefault((pt["batch"], pt["input_len"]), []).append(meas / pred)
+    if not ratios:
+        raise SystemExit(f"{path}: no stage AIConfigurator can price; nothing to fit")
     rows = sorted({b for b, _ in ratios})
     ctx = sorted({c for _, c in ratios})
     grid = np.full((len(rows), len(ctx)), np.nan)
@@ -255,6 +282,7 @@ def main(argv=None) -> int:
             }
         },
         "sharing": {"mps_box": mps_sharing()},
+        "acceptance": acceptance(),
         "systems": {
             "h200_sxm": {
                 "correction": None,

@@ -106,6 +106,9 @@ COMMITTED = {
         "benchmark/results/gpu/run3_qwen_a_pp_sp.json",
         "benchmark/results/gpu/run3_qwen_b_pp1_tp_ppa.json",
     ],
+    # acceptance of the shipped draft head by confidence decile, and per category
+    "quality": "benchmark/results/quality_gpu_long.json",
+    "sp_acceptance": "benchmark/results/gpu/sp_acceptance_specbench_768_s9.json",
     # per-stage decode times, graphs on (benchmark/gpu/stage_times.sh), once measured
     "stage_times": "benchmark/results/gpu/stage_times_h200.json",
 }

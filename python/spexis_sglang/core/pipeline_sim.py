@@ -42,6 +42,7 @@ capacity (with SGLang's future-token reservation) allow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -143,8 +144,9 @@ class AcceptanceModel:
 
     ``rank_profile`` lists the acceptance of drafts by confidence bin, most confident first
     (e.g. deciles, ``quality_gpu_long.json``); a draft's bin is uniform. A request with Theta
-    ``t`` accepts a draft of bin ``b`` with probability ``profile[b] * t / mean(profile)``
-    (clipped to 1). Without a profile every draft of the request is accepted with
+    ``t`` accepts a draft of bin ``b`` with probability ``sigmoid(logit(profile[b]) + c_t)``,
+    ``c_t`` chosen so that the mean over bins is ``t`` (the profile's shape, moved to the
+    request's own acceptance). Without a profile every draft of the request is accepted with
     probability ``t`` (the benchmark's forced acceptance). Selective speculation drops the
     least confident drafts, so it needs a profile to gain anything.
     """
@@ -160,13 +162,40 @@ class AcceptanceModel:
             if p.ndim != 1 or p.size < 1 or np.any((p < 0) | (p > 1)) or p.mean() <= 0:
                 raise ValueError("rank_profile must be acceptance rates in [0, 1], mean > 0")
 
+    def profile_at(self, theta: float) -> np.ndarray:
+        """Acceptance per confidence bin for a request whose mean acceptance is ``theta``."""
+        return _shifted_profile(tuple(self.rank_profile), round(float(theta), 6))
+
     def accept_prob(self, theta: np.ndarray, conf_u: np.ndarray) -> np.ndarray:
         """Acceptance probability of drafts with confidence quantile ``conf_u`` (1 = surest)."""
+        theta = np.asarray(theta, dtype=float)
         if self.rank_profile is None:
             return theta
-        p = np.asarray(self.rank_profile, dtype=float)
-        b = np.minimum((1.0 - conf_u) * p.size, p.size - 1).astype(np.int64)
-        return np.clip(p[b] * theta / p.mean(), 0.0, 1.0)
+        n = len(self.rank_profile)
+        b = np.minimum((1.0 - conf_u) * n, n - 1).astype(np.int64)
+        out = np.empty(theta.shape)
+        for t in np.unique(theta):
+            sel = theta == t
+            out[sel] = self.profile_at(float(t))[b[sel]]
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _shifted_profile(profile: tuple, theta: float) -> np.ndarray:
+    """``sigmoid(logit(profile) + c)`` with ``c`` such that the mean is ``theta`` (bisection)."""
+    p = np.clip(np.asarray(profile, dtype=float), 1e-4, 1 - 1e-4)
+    lg = np.log(p / (1 - p))
+    t = min(max(theta, 1e-4), 1 - 1e-4)
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if np.mean(1 / (1 + np.exp(-(lg + mid)))) < t:
+            lo = mid
+        else:
+            hi = mid
+    out = 1 / (1 + np.exp(-(lg + (lo + hi) / 2)))
+    out.setflags(write=False)
+    return out
 
 
 @dataclass(frozen=True)
@@ -660,6 +689,8 @@ class _Sim:
         self.stopping = False
         self.rank_iter = [0] * self.N
         self._gc_done = -1
+        self._cost_memo: dict = {}
+        self._host_memo: dict = {}
         # requests
         if isinstance(workload, DecodeWorkload):
             n = workload.batch
@@ -727,7 +758,10 @@ class _Sim:
         if b is None:
             dt = self.m.host.idle_poll if phase == "schedule" else 0.0
         else:
-            dt = self.m.host.cost(kind, phase, b.rows, layers)
+            key = (phase, b.rows, layers)
+            dt = self._host_memo.get(key)
+            if dt is None:
+                dt = self._host_memo[key] = self.m.host.cost(kind, phase, b.rows, layers)
             if b.kind == "prefill" and phase in ("schedule", "launch", "process"):
                 dt += self.m.host.prefill_per_token * b.tokens
         self._charge(r, phase, dt)
@@ -741,13 +775,26 @@ class _Sim:
     def gpu_time(self, r: int, b: _Batch) -> tuple[float, float]:
         phase = "prefill" if b.kind == "prefill" else "decode"
         rows = b.tokens if b.kind == "prefill" else b.rows
-        parts = self.m.costs.breakdown(self.plans[r], rows, b.ctx, phase)
+        # KV lengths within 8 tokens of each other cost the same (a memo, not a model)
+        key = (r, phase, rows, int(b.ctx) // 8)
+        hit = self._cost_memo.get(key)
+        if hit is None:
+            costs, plan = self.m.costs, self.plans[r]
+            parts = costs.breakdown(plan, rows, 8 * key[3] + 4, phase)
+            table = costs.decode if phase == "decode" else costs.prefill
+            total = float(sum(parts.values()))
+            mf = (
+                sum(t * table[c].mem_frac_at(rows) for c, t in parts.items()) / total
+                if total > 0
+                else 0.5
+            )
+            hit = self._cost_memo[key] = (parts, total, mf)
+        parts, total, mf = hit
         if self._measuring():
             acc = self.gpu_parts[r]
             for c, t in parts.items():
                 acc[c] = acc.get(c, 0.0) + t
-        mf = self.m.costs.mem_frac(self.plans[r], rows, b.ctx, phase)
-        return float(sum(parts.values())), mf
+        return total, mf
 
     def _launch(self, r: int, k: int, b: _Batch) -> Generator:
         """The launch phase and the GPU job (graphs: one replay at its end; eager: kernels

@@ -338,6 +338,18 @@ class AICBridge:
             mf = [self._mem_frac(js, phase, n, 512) for n in rows]
         return CostGrid(rows, ctx, np.maximum.accumulate(sec, axis=0), mf)
 
+    def _component_grid(self, m: ModelShape, comp: str, op_list, phase, rows, ctx) -> CostGrid:
+        try:
+            return self._grid(op_list, phase, rows, ctx)
+        except Exception as e:  # the engine raises PerfDataNotAvailableError for holes
+            if type(e).__name__ != "PerfDataNotAvailableError":
+                raise
+            raise ValueError(
+                f"AIConfigurator's {self.system} {self.backend} tables cannot price the "
+                f"{phase} {comp} of {m.name} (heads {m.num_heads}/{m.num_kv_heads}, head_dim "
+                f"{m.head_dim}): {str(e).splitlines()[0][:300]}"
+            ) from None
+
     def stage_costs(
         self,
         m: ModelShape,
@@ -349,11 +361,11 @@ class AICBridge:
     ) -> StageCosts:
         """Per-component decode and prefill tables of ``m`` at TP ``tp`` on this system."""
         decode = {
-            c: self._grid(v, "decode", rows, ctx)
+            c: self._component_grid(m, c, v, "decode", rows, ctx)
             for c, v in self.component_ops(m, tp, "decode").items()
         }
         prefill = {
-            c: self._grid(v, "prefill", prefill_tokens, prefill_ctx)
+            c: self._component_grid(m, c, v, "prefill", prefill_tokens, prefill_ctx)
             for c, v in self.component_ops(m, tp, "prefill").items()
         }
         return StageCosts(
