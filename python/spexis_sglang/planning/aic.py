@@ -336,7 +336,10 @@ class AICBridge:
             mf = [self._mem_frac(js, phase, 1, min(n, 2048)) for n in rows]
         else:
             mf = [self._mem_frac(js, phase, n, 512) for n in rows]
-        return CostGrid(rows, ctx, np.maximum.accumulate(sec, axis=0), mf)
+        # the tables are noisy at small batches (a GEMM at m=1 may time slower than at m=8):
+        # a batch is never slower than a larger one, so take the running minimum from above
+        sec = np.minimum.accumulate(sec[::-1], axis=0)[::-1]
+        return CostGrid(rows, ctx, sec, mf)
 
     def _component_grid(self, m: ModelShape, comp: str, op_list, phase, rows, ctx) -> CostGrid:
         try:
