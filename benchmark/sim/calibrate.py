@@ -86,8 +86,8 @@ def host_graphs_serial() -> dict:
     pp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
     tp = {ph: pp[ph] for ph in ("schedule", "launch", "process")}
     src = (
-        f"SP: stage 0's phase timers on the emulated box ({M.BOX_2026_12_02['provenance'][:60]}"
-        f"...); stock PP and PP=1: stage 0's thread CPU per phase, tiny model, graphs on, "
+        "SP: stage 0's phase timers on the emulated two-GPU box (2026-12-02, 8B-shaped, "
+        "graphs on); stock PP and PP=1: stage 0's thread CPU per phase, tiny model, graphs on, "
         f"{', '.join(M.COMMITTED['loop_overhead'])}; receiving an output message "
         f"{RECV_OUTPUT_S / MS} ms (assumed)"
     )
@@ -305,9 +305,9 @@ def main(argv=None) -> int:
         logger.info("H200 correction (stock PP=1 at B=64): x%.4f", f)
         cal["systems"]["h200_sxm"]["correction"] = CostGrid.constant(f).to_json()
         cal["systems"]["h200_sxm"]["source"] = (
-            "one factor fit on stock PP=1 at B=64 on one H200 (graphs on, "
-            f"{M.H200_PP1_GRAPHS_2026_12_01['provenance'][:40]}...); per-stage timings "
-            "(benchmark/gpu/stage_times.sh) replace it once measured"
+            f"one factor (x{f:.3f}) fit on stock SGLang PP=1 at B=64 on one H200 with CUDA "
+            "graphs (2026-12-01); per-stage timings (benchmark/gpu/stage_times.sh) replace it "
+            "once measured"
         )
     if not cal["links"]["loopback_box"]["source"]:
         bw = fit_loopback(cal)

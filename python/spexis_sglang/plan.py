@@ -182,7 +182,7 @@ def _main_simulate(args) -> int:
     how = (
         sc.source if sc.borrowed_from is None else f"borrowed from {sc.borrowed_from}: {sc.source}"
     )
-    print(f"calibration: {how[:160]}")
+    print(f"calibration: {how}")
     print(
         f"B = {rows[0].batch} resident requests, prompt {args.context} tokens; SP loop: "
         f"{args.loop}; error bar +-{100 * err:.0f} % (validation{', + projection' if args.loop == 'overlap' else ''})"

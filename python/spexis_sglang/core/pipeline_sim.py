@@ -340,8 +340,6 @@ class _Admission:
 class _Policy:
     """Stage 0's scheduling decisions and result processing (subclasses per mode)."""
 
-    kind = "pp"
-
     def __init__(self, sim: "_Sim", reqs: _Requests, adm: Optional[_Admission]) -> None:
         self.sim = sim
         self.r = reqs
@@ -515,8 +513,6 @@ class _MicroBatchPolicy(_Policy):
 
 class _SPPolicy(_Policy):
     """Speculative parallelism: every running request rides every iteration (design.md §2)."""
-
-    kind = "sp"
 
     def __init__(self, sim, reqs, adm, num_stages: int, alpha: float, acc: AcceptanceModel, rng):
         super().__init__(sim, reqs, adm)

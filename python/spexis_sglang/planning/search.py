@@ -120,8 +120,20 @@ def max_batch(
     return max(best, 0)
 
 
+def kept_acceptance(acc: AcceptanceModel, alpha: float) -> float:
+    """Theta_alpha: mean acceptance of the drafts that survive dropping the alpha least sure."""
+    if acc.rank_profile is None or alpha <= 0:
+        return acc.theta
+    prof = acc.profile_at(acc.theta)  # most confident bin first
+    u = np.linspace(alpha, 1.0, 2001)[1:]  # confidence quantiles of the kept drafts
+    b = np.minimum(((1.0 - u) * prof.size).astype(int), prof.size - 1)
+    return float(prof[b].mean())
+
+
 def closed_form(machine, dep: Deployment, batch: int, ctx: float, theta: float) -> float:
-    """Table 1 with the stage tables as latency (the slowest stage; GPU time only)."""
+    """Table 1 with the stage tables as latency (the slowest stage; GPU time only).
+
+    ``theta`` is the acceptance of the drafts that ride (Theta_alpha when alpha > 0)."""
     costs = machine.costs
     plans = StagePlan.for_pipeline(costs.num_layers, dep.pp, dep.mode == "sp")
 
@@ -177,7 +189,9 @@ def rank_deployments(
     rows = []
     for dep in deps:
         th = (theta_by_pp or {}).get(dep.pp, theta) if dep.mode == "sp" else None
-        m = machine_for(shape, system, tp=dep.tp, loop=loop, calibration=cal)
+        # only SP's loop changes: stock PP and TP always run today's loop
+        dep_loop = loop if dep.mode == "sp" else "serial"
+        m = machine_for(shape, system, tp=dep.tp, loop=dep_loop, calibration=cal)
         wl = DecodeWorkload(
             batch,
             context,
@@ -186,10 +200,10 @@ def rank_deployments(
             prefill_chunk=None,  # stock PP at its best: balanced micro-batches
             max_running=max(batch, 512),
         )
-        r = simulate(
-            dep, m, wl, _acceptance(cal, th if th is not None else theta), LOOPS[loop], seed
-        )
-        cf = closed_form(m, dep, batch, context + iterations / 2, th if th is not None else 0.0)
+        acc = _acceptance(cal, th if th is not None else theta)
+        r = simulate(dep, m, wl, acc, LOOPS[dep_loop], seed)
+        th_kept = kept_acceptance(acc, dep.alpha) if th is not None else 0.0
+        cf = closed_form(m, dep, batch, context + iterations / 2, th_kept)
         rows.append(
             PlanRow(
                 label=dep.label,
