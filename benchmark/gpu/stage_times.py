@@ -85,10 +85,22 @@ def worker(args: argparse.Namespace) -> int:
             attention_backend="triton",
             sampling_backend="pytorch",
             mem_fraction_static=args.mem_fraction,
-            cuda_graph_max_bs=max(batches),
-            cuda_graph_bs=batches,
+            # (the dataclass fields behind --cuda-graph-max-bs / --cuda-graph-bs)
+            cuda_graph_max_bs_decode=max(batches),
+            cuda_graph_bs_decode=batches,
         )
     server_args = ServerArgs(**kw)
+    # as sglang.benchmark.one_batch's main() and latency_test() do before loading
+    if getattr(server_args, "cuda_graph_config", None) is not None:
+        server_args.cuda_graph_config[ob.Phase.DECODE].max_bs = max(batches)
+    ob._set_envs_and_config(server_args)
+    for name in (
+        "initialize_moe_config",
+        "initialize_fp8_gemm_config",
+        "initialize_fp4_gemm_config",
+    ):
+        if hasattr(ob, name):
+            getattr(ob, name)(server_args)
     port_args = PortArgs.init_new(server_args)
     t0 = time.time()
     runner, _ = ob.load_model(server_args, port_args, 0, 0)
@@ -223,7 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", nargs="+", type=int, default=list(DEFAULT_CONTEXTS))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--max-tokens-per-point", type=int, default=262144)
-    ap.add_argument("--mem-fraction", type=float, default=0.85)
+    # the rest holds a 256K-token prefill's activations (~20 GB for an 8B-shaped stage)
+    ap.add_argument("--mem-fraction", type=float, default=0.7)
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall time for all stages")
     ap.add_argument("--p2p", action="store_true", help="also probe NCCL p2p over loopback")
     ap.add_argument("--p2p-sizes-mb", nargs="+", type=float, default=[0.25, 1, 4, 8])
