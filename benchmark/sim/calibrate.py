@@ -1,5 +1,8 @@
 """Write ``python/spexis_sglang/planning/data/calibration.json`` from committed measurements.
 
+Also ``benchmark/results/sim_calibration.json``: AIConfigurator's estimates beside our H200
+measurements (the calibration's error table).
+
     python benchmark/sim/calibrate.py                 # from the repository's measurements
     python benchmark/sim/calibrate.py --stage-times benchmark/results/gpu/stage_times_h200.json
 
@@ -175,7 +178,28 @@ def fit_pp1_factor(cal_json: dict) -> float:
     return f
 
 
-def fit_stage_times(path: Path, cal_json: dict) -> dict:
+def error_table_pp1(cal_json: dict) -> list:
+    """AIConfigurator's estimate and the calibrated simulator beside stock PP=1 on one H200."""
+    rows = []
+    m = _machine(cal_json, "h200_sxm", "nvlink")
+    for b, meas in M.H200_PP1_GRAPHS_2026_12_01["tok_s"].items():
+        aic = M.AIC_CLI_PP1["tok_s"][b]
+        thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, b)
+        rows.append(
+            {
+                "batch": b,
+                "measured_tok_s": meas,
+                "aic_cli_tok_s": aic,
+                "aic_error": round(aic / meas - 1, 4),
+                "calibrated_sim_tok_s": round(thr, 1),
+                "calibrated_error": round(thr / meas - 1, 4),
+                "role": "fit" if b == 64 else "check",
+            }
+        )
+    return rows
+
+
+def fit_stage_times(path: Path, cal_json: dict, table: list) -> dict:
     """Correction grid = measured / AIConfigurator for the measured stages, by (batch, ctx)."""
     from spexis_sglang.planning.aic import load_model_shape
     from spexis_sglang.planning.machines import stage_costs_for
@@ -196,6 +220,17 @@ def fit_stage_times(path: Path, cal_json: dict) -> dict:
                 continue
             pred = costs.stage_time(plan, pt["batch"], pt["kv_len_mean"]) * 1e3
             ratios.setdefault((pt["batch"], pt["input_len"]), []).append(meas / pred)
+            table.append(
+                {
+                    "model": st["model"],
+                    "layers": st["layers"],
+                    "batch": pt["batch"],
+                    "context": pt["input_len"],
+                    "measured_ms": meas,
+                    "aic_ms": round(pred, 4),
+                    "aic_error": round(pred / meas - 1, 4),
+                }
+            )
     if not ratios:
         raise SystemExit(f"{path}: no stage AIConfigurator can price; nothing to fit")
     rows = sorted({b for b, _ in ratios})
@@ -258,6 +293,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage-times", type=Path, default=ROOT / M.COMMITTED["stage_times"])
     ap.add_argument("--out", type=Path, default=CALIBRATION_PATH)
+    ap.add_argument(
+        "--errors-out", type=Path, default=ROOT / "benchmark/results/sim_calibration.json"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("aiconfigurator_core", "aiconfigurator"):
@@ -297,9 +335,10 @@ def main(argv=None) -> int:
     for k in ("error_bar_source",):
         if k in old.get("systems", {}).get("h200_sxm", {}):
             cal["systems"]["h200_sxm"][k] = old["systems"]["h200_sxm"][k]
+    stage_table: list = []
     if args.stage_times.is_file():
         logger.info("fitting the H200 correction on %s", args.stage_times)
-        cal["systems"]["h200_sxm"].update(fit_stage_times(args.stage_times, cal))
+        cal["systems"]["h200_sxm"].update(fit_stage_times(args.stage_times, cal, stage_table))
     else:
         f = fit_pp1_factor(cal)
         logger.info("H200 correction (stock PP=1 at B=64): x%.4f", f)
@@ -320,7 +359,21 @@ def main(argv=None) -> int:
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(cal, indent=1) + "\n")
-    logger.info("wrote %s", _rel(args.out))
+    logger.info("wrote %s", args.out)
+    errors = {
+        "about": (
+            "AIConfigurator's estimates beside our H200 measurements (graphs on), and the "
+            "calibrated simulator; written by benchmark/sim/calibrate.py"
+        ),
+        "h200_correction": cal["systems"]["h200_sxm"]["source"],
+        "stock_pp1_one_h200": error_table_pp1(cal),
+        "per_stage": stage_table
+        or "not measured yet: run benchmark/gpu/stage_times.sh (benchmark/gpu/README.md)",
+        "loopback_link": cal["links"]["loopback_box"],
+        "host_phases_graphs_serial": cal["host"]["graphs_serial"],
+    }
+    args.errors_out.write_text(json.dumps(errors, indent=1) + "\n")
+    logger.info("wrote %s", args.errors_out)
     return 0
 
 
