@@ -8,9 +8,7 @@ setup(
     description="Spexis (speculative parallelism, selective speculation, lookahead admission) on SGLang 0.5.17",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={
-        "spexis_sglang": ["artifacts/**/*", "cpu_support/**/*", "planning/data/*.json"]
-    },
+    package_data={"spexis_sglang": ["artifacts/**/*", "cpu_support/**/*", "planning/data/*.json"]},
     include_package_data=True,
     python_requires=">=3.10",
     # A GPU user gets SGLang with its own pins (torch 2.11, sglang-kernel, flashinfer).
