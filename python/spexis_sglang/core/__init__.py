@@ -19,6 +19,9 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
 * :mod:`.length_oracle` — benchmark only: remaining-length buckets from the true length,
   degraded to a stated precision / recall per threshold (``--spexis-benchmark-length-oracle``).
 * :mod:`.row_hash` — the per-row uniform draws of the benchmark-only modes.
+* :mod:`.pipeline_sim` — a discrete-event simulator of SGLang's pipeline loop (stock PP, SP,
+  TP) over per-stage costs (:mod:`.stage_costs`) and its event kernel (:mod:`.des`); the
+  planner's ``--model/--system`` mode (``spexis_sglang.planning``) ranks with it.
 """
 
 from .admission import (

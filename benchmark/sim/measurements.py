@@ -1,0 +1,114 @@
+"""Measurements the simulator is calibrated and validated against, each with its provenance.
+
+Numbers that exist in the repository as JSON are read from there (``COMMITTED``); numbers
+that were reported by the runs' operator but not committed as JSON are written out here,
+once, with what is known about how they were taken.
+"""
+
+from __future__ import annotations
+
+#: The emulated two-GPU box: both PP ranks on one H200 split by MPS, NCCL over loopback.
+BOX_2026_12_02 = {
+    "provenance": (
+        "emulated two-GPU box, 2026-12-02: one NVIDIA H200 split by NVIDIA MPS into two 50 % "
+        "clients (one per PP rank, SPEXIS_SHARE_GPU=1), NCCL between the ranks over loopback "
+        "sockets; Llama-3.1-8B-shaped config (benchmark/gpu/configs/llama-3.1-8b), dummy "
+        "weights, bf16, CUDA graphs on for both loops, --max-total-tokens 131072, forced "
+        "acceptance Theta = 0.76, input 128 tokens, benchmark/gpu/decode_throughput.py "
+        "(T_step from 16- and 128-token runs). Two numbers = two runs. Reported by the runs' "
+        "operator, not committed as JSON."
+    ),
+    "model_config": "benchmark/gpu/configs/llama-3.1-8b",
+    "theta": 0.76,
+    "input_len": 128,
+    "stock_pp2_tok_s": {64: [6367, 6588], 128: [7687, 8340], 256: [13097, 12220], 512: [16963]},
+    "sp2_tok_s": {64: [5529, 5307], 128: [10388, 9372], 256: [12823, 13268], 512: [16028]},
+    # stage 0's phase timers, wall ms per SP iteration (draft_sync not reported at B=256)
+    "sp2_phase_ms": {
+        64: {
+            "iteration": 9.0,
+            "schedule": 0.92,
+            "draft_sync": 0.15,
+            "launch": 1.39,
+            "wait_output": 4.88,
+            "process": 0.66,
+            "send": 0.81,
+        },
+        256: {
+            "iteration": 15.4,
+            "schedule": 0.85,
+            "launch": 1.98,
+            "wait_output": 10.24,
+            "process": 1.0,
+            "send": 0.86,
+        },
+        512: {
+            "iteration": 24.5,
+            "schedule": 1.8,
+            "draft_sync": 0.53,
+            "launch": 1.85,
+            "wait_output": 17.9,
+            "process": 1.19,
+            "send": 0.79,
+        },
+    },
+    # a stage made of GEMMs only (16 layers' projections + LM head), timed on the box:
+    # Theta-weighted SP2 / PP2 throughput ratio if stage times were all that mattered
+    "gemm_only_ideal_sp2_over_pp2": {16: 1.59, 32: 1.54, 64: 1.35, 128: 1.24, 256: 1.28, 512: 0.89},
+}
+
+#: Bandwidth and GEMM rate of one H200 under MPS (mps_probe.sh, 2026-12-02).
+MPS_PROBE_2026_12_02 = {
+    "provenance": (
+        "mps_probe.sh on nvidia-h200, 2026-12-02: bf16 GEMM rate and copy bandwidth of one "
+        "process alone, one 50 % MPS client alone, and each of two 50 % clients at once"
+    ),
+    "whole_gpu": {"tflops": 660.0, "tbps": 4.25},
+    "one_client_alone": {"tflops": 445.0, "tbps": 3.69},
+    "two_clients_each": {"tflops": 340.0, "tbps": 2.30},
+}
+
+#: Stock SGLang PP=1 on one H200 with CUDA graphs.
+H200_PP1_GRAPHS_2026_12_01 = {
+    "provenance": (
+        "one NVIDIA H200, 2026-12-01: stock SGLang 0.5.17 PP=1, Llama-3.1-8B-shaped config, "
+        "dummy weights, bf16, CUDA graphs on, triton attention, decode_throughput.py protocol "
+        "(decode steps of 5.1 / 5.9 / 10.6 ms); reported, not committed as JSON"
+    ),
+    "model_config": "benchmark/gpu/configs/llama-3.1-8b",
+    "tok_s": {16: 3130, 64: 10937, 256: 24105},
+}
+
+#: AIConfigurator's own estimate for the same PP=1 points (for the record).
+AIC_CLI_PP1 = {
+    "command": (
+        "aiconfigurator cli estimate --model-path meta-llama/Meta-Llama-3.1-8B --system "
+        "h200_sxm --backend sglang --estimate-mode static_gen --batch-size B --isl 128 "
+        "--osl 128 --tp-size 1 --pp-size 1"
+    ),
+    "tok_s": {16: 3288, 64: 11545, 256: 26547},
+}
+
+#: Committed JSON results this package reads (paths relative to the repository root).
+COMMITTED = {
+    # stage 0's host phases, stock PP and SP, tiny model, CUDA graphs, H200 host CPU
+    "loop_overhead": [
+        "benchmark/results/gpu_sp_loop_overhead_run4.json",
+        "benchmark/results/gpu_sp_loop_overhead_run5.json",
+    ],
+    # real 2 x H200, CUDA graphs OFF, custom all-reduce off (the flags of that time)
+    "run4_llama": [
+        "benchmark/results/gpu/run4_llama_a_pp_sp.json",
+        "benchmark/results/gpu/run4_llama_b_pp1_tp.json",
+        "benchmark/results/gpu/run4_llama_c_ppa.json",
+    ],
+    "run3_qwen": [
+        "benchmark/results/gpu/run3_qwen_a_pp_sp.json",
+        "benchmark/results/gpu/run3_qwen_b_pp1_tp_ppa.json",
+    ],
+    # acceptance of the shipped draft head by confidence decile, and per category
+    "quality": "benchmark/results/quality_gpu_long.json",
+    "sp_acceptance": "benchmark/results/gpu/sp_acceptance_specbench_768_s9.json",
+    # per-stage decode times, graphs on (benchmark/gpu/stage_times.sh), once measured
+    "stage_times": "benchmark/results/gpu/stage_times_h200.json",
+}

@@ -1,0 +1,224 @@
+"""Markdown tables from ``sim_validation.json`` and ``sim_predictions.json``.
+
+python benchmark/sim/report.py            # writes benchmark/results/sim_report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmark" / "results"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def calibration_tables(c: dict) -> str:
+    out = [
+        "## Calibration (`benchmark/results/sim_calibration.json`)",
+        "",
+        c["h200_correction"],
+        "",
+    ]
+    out += [
+        "| stock PP=1, one H200, B | measured tok/s | AIConfigurator | error | calibrated simulator | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in c["stock_pp1_one_h200"]:
+        out.append(
+            f"| {r['batch']} ({r['role']}) | {r['measured_tok_s']} | {r['aic_cli_tok_s']} | "
+            f"{_pct(r['aic_error'])} | {r['calibrated_sim_tok_s']:.0f} | {_pct(r['calibrated_error'])} |"
+        )
+    if isinstance(c["per_stage"], list):
+        out += [
+            "",
+            "| stage | B | context | measured ms | AIConfigurator ms | error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in c["per_stage"]:
+            out.append(
+                f"| {r['model']} {r['layers']} layers | {r['batch']} | {r['context']} | "
+                f"{r['measured_ms']:.3f} | {r['aic_ms']:.3f} | {_pct(r['aic_error'])} |"
+            )
+    else:
+        out += ["", f"Per-stage timings: {c['per_stage']}."]
+    lk = c["loopback_link"]
+    out += [
+        "",
+        f"Loopback link of the emulated box: {lk['bandwidth_Bps'] / 1e9:.2f} GB/s, {1e6 * lk['latency_s']:.0f} us ({lk['source']}).",
+    ]
+    return "\n".join(out)
+
+
+def validation_tables(v: dict) -> str:
+    out = ["## Validation (`benchmark/results/sim_validation.json`)", ""]
+    s = v["summary"]
+    out.append(
+        f"Graphs on: {s['graphs_on_within_target']} of {s['graphs_on_validation_points']} "
+        f"validation points within {100 * s['target']:.0f} %, largest |error| "
+        f"{100 * s['graphs_on_max_abs_error']:.1f} %, mean {100 * s['graphs_on_mean_abs_error']:.1f} %. "
+        f"Graphs off: median |error| {100 * s.get('graphs_off_median_abs_error', float('nan')):.1f} % "
+        f"({s.get('graphs_off_within_target', 0)} of {s.get('graphs_off_points', 0)} within "
+        f"{100 * s['target']:.0f} %)."
+    )
+    out += [
+        "",
+        "| section | configuration | B | measured tok/s | simulated tok/s | error | role |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in v["points"]:
+        if p["section"] == "real_2xh200_graphs_off":
+            continue
+        out.append(
+            f"| {p['section']} | {p['config']} | {p['batch']} | {p['measured_tok_s']:.0f} | "
+            f"{p['simulated_tok_s']:.0f} | {_pct(p['error'])} | {p['role']} |"
+        )
+    out += [
+        "",
+        "Stage 0's phase timers of SP2 on the box, ms per iteration (measured / simulated, steady state):",
+        "",
+    ]
+    out += [
+        "| B | iteration | schedule | launch | wait_output | process | send |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in v["box_sp2_phases"]:
+        m, s_ = p["measured_ms"], p["simulated_ms"]
+
+        def cell(k: str) -> str:
+            a = m.get(k)
+            return f"{a:.2f} / {s_.get(k, 0):.2f}" if a is not None else f"- / {s_.get(k, 0):.2f}"
+
+        out.append(
+            f"| {p['batch']} | {cell('iteration')} | {cell('schedule')} | {cell('launch')} | "
+            f"{cell('wait_output')} | {cell('process')} | {cell('send')} |"
+        )
+    out += [
+        "",
+        "GEMM-only ideal SP2/PP2 ratio on the box (measured / from AIConfigurator's GEMM tables under the MPS model):",
+        "",
+    ]
+    out += ["| B | measured | model | error |", "|---|---|---|---|"]
+    for r in v["box_gemm_ratio"]:
+        out.append(
+            f"| {r['batch']} | {r['measured_ratio']:.2f} | {r['aic_ratio']:.2f} | {_pct(r['error'])} |"
+        )
+    out += ["", "Real 2 x H200, CUDA graphs off (runs 3 and 4), |error| by configuration:", ""]
+    by: dict = {}
+    for p in v["points"]:
+        if p["section"] == "real_2xh200_graphs_off" and p["role"] == "validation":
+            by.setdefault(p["config"], []).append(p)
+    out += ["| configuration | errors by B, 16 … 512 (fit points left out) |", "|---|---|"]
+    for cfg, ps in by.items():
+        out.append(
+            f"| {cfg} | {', '.join(_pct(p['error']) for p in sorted(ps, key=lambda q: q['batch']))} |"
+        )
+    out += [
+        "",
+        "AIConfigurator's own static estimate vs the simulator, H200 NVLink, graphs on (tok/s):",
+        "",
+    ]
+    out += [
+        "| configuration | B | AIConfigurator | simulator | sim / AIC |",
+        "|---|---|---|---|---|",
+    ]
+    for r in v["aic_vs_sim"]:
+        out.append(
+            f"| {r['config']} | {r['batch']} | {r['aic_tok_s']:.0f} | {r['simulated_tok_s']:.0f} | "
+            f"{r['sim_over_aic']:.2f} |"
+        )
+    return "\n".join(out)
+
+
+def prediction_tables(p: dict) -> str:
+    out = ["## Predictions (`benchmark/results/sim_predictions.json`)", ""]
+    out.append(
+        f"{p['model']}, NVLink, CUDA graphs on; best split per family at B = the largest batch "
+        "every split holds (<= 512). SP today = the validated loop; SP overlapped = host costs "
+        "at the overlapped loop's design target (a projection). Error bars per system: "
+        + ", ".join(f"{k} +-{100 * v['error_bar']:.0f} %" for k, v in p["error_bars"].items())
+        + " (overlapped loop: +10 points more)."
+    )
+    out += [
+        "",
+        "| system | GPUs | prompt | Theta | best TP tok/s | best stock PP | best SP today | SP/PP | SP/TP | best SP overlapped | SP/TP overlapped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for sysname, by_g in p["systems"].items():
+        for g, by_p in by_g.items():
+            for prompt, blk in by_p.items():
+                d = blk["decode"]
+                best, summ = d["best"], d["summary"]
+                for th in p["thetas"]:
+                    ser = summ.get(f"sp_serial_{th}")
+                    ov = summ.get(f"sp_overlap_{th}")
+                    if not ser:
+                        continue
+                    tp = best.get("tp")
+                    pp = best.get("pp")
+                    out.append(
+                        f"| {sysname} | {g} | {prompt} | {th} | "
+                        f"{tp[1]:.0f} ({tp[0]}) | {pp[1]:.0f} ({pp[0]}) | "
+                        f"{ser['sp_tok_s']:.0f} ({ser['best_sp']}) | "
+                        f"{ser.get('sp_over_pp', float('nan')):.2f} +- {ser.get('sp_over_pp_error', float('nan')):.2f} | "
+                        f"{ser.get('sp_over_tp', float('nan')):.2f} +- {ser.get('sp_over_tp_error', float('nan')):.2f} | "
+                        f"{ov['sp_tok_s']:.0f} ({ov['best_sp']}) | "
+                        f"{ov.get('sp_over_tp', float('nan')):.2f} +- {ov.get('sp_over_tp_error', float('nan')):.2f} |"
+                    )
+    rows = []
+    for sysname, by_g in p["systems"].items():
+        for g, by_p in by_g.items():
+            for prompt, blk in by_p.items():
+                for r in blk.get("serving", {}).get("results", []):
+                    rows.append((sysname, g, prompt, r))
+    if rows:
+        slo = next(iter(next(iter(p["systems"].values())).values()))
+        slo = next(iter(slo.values()))["serving"]["slo"]
+        out += [
+            "",
+            f"Serving: largest Poisson rate with p90 TTFT <= {slo['ttft_p90_s']} s and p90 TPOT <= "
+            f"{1e3 * slo['tpot_p90_s']:.0f} ms (req/s; ShareGPT outputs):",
+            "",
+            "| system | GPUs | prompt | deployment | Theta | loop | max rate req/s | +- | output tok/s there |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for sysname, g, prompt, r in rows:
+            out.append(
+                f"| {sysname} | {g} | {prompt} | {r['deployment']} | {r['theta'] if r['theta'] is not None else '-'} | "
+                f"{r['loop']} | {r['max_rate_req_s']:.1f} | {r['max_rate_req_s'] * r['error_bar']:.1f} | "
+                f"{r['output_tok_s_at_rate']:.0f} |"
+            )
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=RESULTS / "sim_report.md")
+    args = ap.parse_args(argv)
+    parts = [
+        "# Pipeline simulator: validation and predictions",
+        "",
+        "Generated by `python benchmark/sim/report.py`.",
+        "",
+    ]
+    c = RESULTS / "sim_calibration.json"
+    if c.is_file():
+        parts += [calibration_tables(json.loads(c.read_text())), ""]
+    v = RESULTS / "sim_validation.json"
+    if v.is_file():
+        parts += [validation_tables(json.loads(v.read_text())), ""]
+    p = RESULTS / "sim_predictions.json"
+    if p.is_file():
+        parts += [prediction_tables(json.loads(p.read_text())), ""]
+    args.out.write_text("\n".join(parts))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""Validate the pipeline simulator against every measurement we have, side by side.
+
+    python benchmark/sim/validate.py            # ~3 min on 2 cores; needs spexis-sglang[planner]
+
+Writes ``benchmark/results/sim_validation.json`` and ``sim_validation.png``, and the error
+bar of H200 predictions into ``python/spexis_sglang/planning/data/calibration.json``.
+Sections (each point is marked ``fit`` when it was used to set a parameter):
+
+1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction).
+2. ``box``: the emulated two-GPU box, stock PP2 (fit of the loopback bandwidth) and SP2
+   (validation), plus SP2's stage-0 phase timers beside the simulated ones.
+3. ``box_gemm_ratio``: the GEMM-only ideal SP2/PP2 ratio on the box beside the same ratio from
+   AIConfigurator's GEMM tables under the MPS sharing model.
+4. ``real_2xh200_graphs_off``: the committed real 2 x H200 runs 3 (Qwen3-8B) and 4
+   (Llama-3.1-8B), graphs off: host-bound, simulated with the runs' own phase timers.
+5. ``aic_vs_sim``: AIConfigurator's own static estimate for stock PP2 / TP2 / PP1 on H200
+   NVLink beside the simulator's, for the same configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import measurements as M  # noqa: E402
+
+from spexis_sglang.core.pipeline_sim import (  # noqa: E402
+    AcceptanceModel,
+    DecodeWorkload,
+    Deployment,
+    LoopSpec,
+    Machine,
+    simulate,
+    simulate_decode_benchmark,
+)
+from spexis_sglang.core.stage_costs import HostCosts, HostPhase, StagePlan  # noqa: E402
+from spexis_sglang.planning.aic import aic_static_prediction, load_model_shape  # noqa: E402
+from spexis_sglang.planning.machines import machine_for, stage_costs_for  # noqa: E402
+from spexis_sglang.planning.presets import CALIBRATION_PATH, load_calibration  # noqa: E402
+
+logger = logging.getLogger("validate")
+MS = 1e-3
+LLAMA = ROOT / "benchmark/gpu/configs/llama-3.1-8b"
+QWEN = ROOT / "benchmark/gpu/configs/qwen3-8b"
+TARGET = 0.10
+
+
+def _point(section, config, batch, measured, simulated, role, **extra) -> dict:
+    err = simulated / measured - 1.0 if measured else float("nan")
+    d = {
+        "section": section,
+        "config": config,
+        "batch": batch,
+        "measured_tok_s": round(float(measured), 1),
+        "simulated_tok_s": round(float(simulated), 1),
+        "error": round(err, 4),
+        "role": role,
+    }
+    d.update(extra)
+    return d
+
+
+# ---------------------------------------------------------------------------------------
+def h200_pp1(cal) -> list:
+    m = machine_for(LLAMA, "h200_sxm", tp=1, calibration=cal)
+    out = []
+    for b, meas in M.H200_PP1_GRAPHS_2026_12_01["tok_s"].items():
+        thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, b)
+        aic = M.AIC_CLI_PP1["tok_s"][b]
+        role = "fit" if b == 64 else "validation"
+        out.append(
+            _point(
+                "h200_pp1",
+                "sglang_pp1",
+                b,
+                meas,
+                thr,
+                role,
+                aic_tok_s=aic,
+                aic_error=round(aic / meas - 1, 4),
+            )
+        )
+    return out
+
+
+def box(cal) -> tuple[list, list]:
+    m = machine_for(
+        LLAMA, "h200_sxm", tp=1, link="loopback_box", sharing="mps_box", calibration=cal
+    )
+    box = M.BOX_2026_12_02
+    acc = AcceptanceModel(box["theta"])
+    pts, phases = [], []
+    for mode, key, role in (("pp", "stock_pp2_tok_s", "fit"), ("sp", "sp2_tok_s", "validation")):
+        for b, runs in box[key].items():
+            thr, _, long_run = simulate_decode_benchmark(
+                Deployment(mode, 2), m, b, acc, input_len=box["input_len"]
+            )
+            meas = statistics.mean(runs)
+            spread = (max(runs) - min(runs)) / meas if len(runs) > 1 else None
+            pts.append(
+                _point(
+                    "box",
+                    f"{'spexis_sp2_theta0.76' if mode == 'sp' else 'sglang_pp2'}",
+                    b,
+                    meas,
+                    thr,
+                    role,
+                    runs=runs,
+                    run_spread=round(spread, 4) if spread is not None else None,
+                    sim_iteration_ms=round(long_run.iteration_s * 1e3, 3),
+                    sim_stage_gpu_ms=[round(x, 3) for x in long_run.stage_gpu_ms],
+                    sim_stage_utilisation=[round(x, 3) for x in long_run.stage_utilisation],
+                )
+            )
+            if mode == "sp" and b in box["sp2_phase_ms"]:
+                # the timers average steady decode iterations: compare a steady-state run
+                st = simulate(
+                    Deployment("sp", 2),
+                    m,
+                    DecodeWorkload(b, box["input_len"], iterations=200, warmup=50),
+                    acc,
+                )
+                phases.append(
+                    {
+                        "batch": b,
+                        "measured_ms": box["sp2_phase_ms"][b],
+                        "simulated_ms": {
+                            "iteration": round(st.iteration_s * 1e3, 3),
+                            **{k: round(v, 3) for k, v in st.phases_ms["stage0"].items()},
+                        },
+                        "simulated_stage_gpu_ms": [round(x, 3) for x in st.stage_gpu_ms],
+                        "simulated_stage1_ms": {
+                            k: round(v, 3) for k, v in st.phases_ms["stage1"].items()
+                        },
+                    }
+                )
+    return pts, phases
+
+
+def gemm_ratio(cal) -> list:
+    """Ideal SP2/PP2 = 2/(2-Theta) * T(B/2)/T(B) for a GEMM-only stage, both clients busy."""
+    costs = stage_costs_for(LLAMA, "h200_sxm", 1)
+    sh = cal.sharing["mps_box"]
+    corr = cal.system("h200_sxm").correction
+    plan = StagePlan(16, ())
+    theta = M.BOX_2026_12_02["theta"]
+
+    def t(rows: float) -> float:
+        g = costs.decode["gemm"](rows, 1) * plan.layers + costs.decode["lm_head"](rows, 1)
+        mf = (
+            costs.decode["gemm"].mem_frac_at(rows) * plan.layers * costs.decode["gemm"](rows, 1)
+            + costs.decode["lm_head"].mem_frac_at(rows) * costs.decode["lm_head"](rows, 1)
+        ) / g
+        f = corr(rows, 1) if corr is not None else 1.0
+        return g * f * sh.shared(mf)
+
+    out = []
+    for b, meas in M.BOX_2026_12_02["gemm_only_ideal_sp2_over_pp2"].items():
+        ratio = 2.0 / (2.0 - theta) * t(b / 2) / t(b)
+        out.append(
+            {
+                "section": "box_gemm_ratio",
+                "batch": b,
+                "measured_ratio": meas,
+                "aic_ratio": round(ratio, 4),
+                "error": round(ratio / meas - 1, 4),
+                "role": "validation",
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+def _runs(files: list) -> list:
+    res = []
+    for f in files:
+        d = json.loads((ROOT / f).read_text())
+        for mname, m in d["models"].items():
+            for x in m["results"]:
+                res.append((mname, x))
+    return res
+
+
+def _eager_host(serial: HostCosts, sp_phase_ms: dict, per_layer_s: float, ar_s: float) -> HostCosts:
+    """Graphs off: SP's phases as its stage 0 timed them at this point; every stage launches
+    its layers at the rate stage 0 did (its launch phase / its 16 or 18 layers); stock PP and
+    PP=1 pay the same eager schedule / process / send as SP at this batch (no stock timers
+    exist for graphs off); TP adds ``ar_s`` of host time per layer for its two all-reduces."""
+    sp = {
+        p: HostPhase(fixed=sp_phase_ms[p] * MS)
+        for p in ("schedule", "draft_sync", "process", "send")
+    }
+    sp["launch"] = HostPhase(per_layer=per_layer_s)
+    sp["recv_output"] = serial.phases["sp"]["recv_output"]
+    pp = {p: HostPhase(fixed=sp_phase_ms[p] * MS) for p in ("schedule", "process", "send")}
+    pp["launch"] = HostPhase(per_layer=per_layer_s)
+    pp["recv_output"] = serial.phases["pp"]["recv_output"]
+    tp = {p: HostPhase(fixed=sp_phase_ms[p] * MS) for p in ("schedule", "process")}
+    tp["launch"] = HostPhase(per_layer=per_layer_s + ar_s)
+    return HostCosts({"sp": sp, "pp": pp, "tp": tp}, source="graphs off, per point")
+
+
+def graphs_off(cal) -> list:
+    """Runs 3 and 4: real 2 x H200, graphs off, custom all-reduce off (NCCL)."""
+    out = []
+    serial = cal.host_for("serial")
+    for run, files, cfg in (
+        ("run4", M.COMMITTED["run4_llama"], LLAMA),
+        ("run3", M.COMMITTED["run3_qwen"], QWEN),
+    ):
+        shape = load_model_shape(str(cfg))
+        results = _runs(files)
+        sp_runs = [x for _, x in results if x["kind"] == "sp"]
+        # eager launch per decoder layer: stage 0's SP launch phase over its layers (the
+        # draft head's few kernels ride along; the last stage's LM head likewise)
+        half = shape.num_layers // 2
+        per_layer_at = {
+            bb: statistics.median(
+                b["sp"]["phase_ms_per_iteration"]["launch"] / half
+                for x in sp_runs
+                for b in x["batches"]
+                if b["batch"] == bb
+            )
+            * MS
+            for bb in (b["batch"] for b in sp_runs[0]["batches"])
+        }
+        sp_phase = {
+            x["config"]: {b["batch"]: b["sp"]["phase_ms_per_iteration"] for b in x["batches"]}
+            for x in sp_runs
+        }
+        median_phase = {
+            bb: {
+                p: statistics.median(sp_phase[c][bb][p] for c in sp_phase)
+                for p in ("schedule", "draft_sync", "launch", "process", "send")
+            }
+            for bb in next(iter(sp_phase.values()))
+        }
+        # per-all-reduce host cost under eager TP2: fit on TP2 at its smallest batch
+        tp2 = next(x for _, x in results if x["config"] == "sglang_tp2")
+        b0 = tp2["batches"][0]
+        ar_s = _fit_eager(
+            shape, 2, b0["batch"], b0["decode_tok_s"], serial, median_phase, per_layer_at, cal
+        )
+        pp1 = next(x for _, x in results if x["config"] == "sglang_pp1")
+        p0 = pp1["batches"][0]
+        pp1_layer = _fit_eager(
+            shape, 1, p0["batch"], p0["decode_tok_s"], serial, median_phase, per_layer_at, cal
+        )
+        for _, x in results:
+            kind, cfgname = x["kind"], x["config"]
+            for b in x["batches"]:
+                bb = b["batch"]
+                phases = sp_phase.get(cfgname, {}).get(bb, median_phase[bb])
+                if kind == "sp":
+                    per_layer = phases["launch"] * MS / half
+                elif kind == "pp1":
+                    per_layer = pp1_layer
+                else:
+                    per_layer = per_layer_at[bb]
+                host = _eager_host(serial, phases, per_layer, ar_s if kind == "tp" else 0.0)
+                if kind == "sp":
+                    dep, tp = Deployment("sp", 2), 1
+                    acc = AcceptanceModel(x["theta_forced"])
+                elif kind == "pp":
+                    dep, tp = Deployment("pp", 2), 1
+                    acc = None
+                elif kind == "pp1":
+                    dep, tp = Deployment("tp", 1, 1), 1
+                    acc = None
+                elif kind == "tp":
+                    dep, tp = Deployment("tp", 1, 2), 2
+                    acc = None
+                else:
+                    continue
+                costs = stage_costs_for(shape, "h200_sxm", tp)
+                corr = cal.system("h200_sxm").correction
+                m = Machine(costs.with_correction(corr), host, _nvlink(), None, name="2xH200 eager")
+                loop = LoopSpec(graphs=False, async_depth=1 if "async1" in cfgname else 0)
+                thr, _, lr = simulate_decode_benchmark(dep, m, bb, acc, loop)
+                fitted = (cfgname == "sglang_tp2" and bb == b0["batch"]) or (
+                    cfgname == "sglang_pp1" and bb == p0["batch"]
+                )
+                role = "fit" if fitted else "validation"
+                out.append(
+                    _point(
+                        "real_2xh200_graphs_off",
+                        f"{run}:{cfgname}",
+                        bb,
+                        b["decode_tok_s"],
+                        thr,
+                        role,
+                        model=shape.name,
+                        sim_iteration_ms=round(lr.iteration_s * 1e3, 3),
+                        eager_launch_ms_per_layer=round(per_layer * 1e3, 4),
+                        tp_allreduce_host_ms_per_layer=(
+                            round(ar_s * 1e3, 4) if kind == "tp" else None
+                        ),
+                    )
+                )
+    return out
+
+
+def _nvlink():
+    from spexis_sglang.planning.machines import bridge_for
+
+    return bridge_for("h200_sxm").link()
+
+
+def _fit_eager(shape, tp, batch, meas, serial, median_phase, per_layer_at, cal) -> float:
+    """One host cost of eager PP=1 / TP2, fit on its smallest batch (bisection).
+
+    TP2: host time per layer of its two NCCL all-reduces (custom all-reduce was off);
+    PP=1: its own launch time per layer (the PP ranks' rate does not carry over).
+    """
+    costs = stage_costs_for(shape, "h200_sxm", tp).with_correction(
+        cal.system("h200_sxm").correction
+    )
+    lo, hi = (0.0, 3e-3) if tp > 1 else (0.05e-3, 3e-3)
+    for _ in range(22):
+        mid = (lo + hi) / 2
+        if tp > 1:
+            host = _eager_host(serial, median_phase[batch], per_layer_at[batch], mid)
+        else:
+            host = _eager_host(serial, median_phase[batch], mid, 0.0)
+        m = Machine(costs, host, _nvlink(), None)
+        thr, _, _ = simulate_decode_benchmark(
+            Deployment("tp", 1, tp), m, batch, loop=LoopSpec(graphs=False)
+        )
+        if thr > meas:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# ---------------------------------------------------------------------------------------
+def aic_vs_sim(cal) -> list:
+    out = []
+    model = "meta-llama/Meta-Llama-3.1-8B"
+    for mode, gpus in (("pp", 2), ("tp", 2), ("tp", 1)):
+        tp = gpus if mode == "tp" else 1
+        m = machine_for(LLAMA, "h200_sxm", tp=tp, calibration=cal)
+        dep = Deployment("pp", 2) if mode == "pp" else Deployment("tp", 1, tp)
+        for b in (16, 64, 256, 512):
+            aic = aic_static_prediction(model, "h200_sxm", mode, gpus, b)
+            thr, _, lr = simulate_decode_benchmark(dep, m, b)
+            out.append(
+                {
+                    "section": "aic_vs_sim",
+                    "config": f"{'PP2' if mode == 'pp' else f'TP{gpus}'} H200 NVLink, graphs on",
+                    "batch": b,
+                    "aic_tok_s": round(aic["tok_s"], 1),
+                    "aic_batch_argument": aic["aic_batch_arg"],
+                    "simulated_tok_s": round(thr, 1),
+                    "sim_over_aic": round(thr / aic["tok_s"], 4),
+                    "sim_stage_utilisation": [round(u, 3) for u in lr.stage_utilisation],
+                }
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+def plot(points: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    ax = axes[0]
+    colors = {"h200_pp1": "tab:blue", "box": "tab:orange", "real_2xh200_graphs_off": "tab:gray"}
+    for sec, c in colors.items():
+        for role, mk in (("validation", "o"), ("fit", "x")):
+            p = [q for q in points if q["section"] == sec and q["role"] == role]
+            if not p:
+                continue
+            ax.scatter(
+                [q["measured_tok_s"] for q in p],
+                [q["simulated_tok_s"] for q in p],
+                c=c,
+                marker=mk,
+                label=f"{sec} ({role})",
+                s=28,
+            )
+    lo, hi = 200, 40000
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="k", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured decode tok/s")
+    ax.set_ylabel("simulated decode tok/s")
+    ax.set_title("Simulator vs measurement (band: +-10 %)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    p = [q for q in points if q["section"] in ("h200_pp1", "box")]
+    labels = [
+        f"{q['config'].replace('spexis_', '').replace('sglang_', '')}\nB={q['batch']}" for q in p
+    ]
+    errs = [100 * q["error"] for q in p]
+    cols = ["tab:green" if q["role"] == "validation" else "tab:gray" for q in p]
+    ax.bar(range(len(p)), errs, color=cols)
+    ax.axhline(10, color="r", lw=0.8, ls="--")
+    ax.axhline(-10, color="r", lw=0.8, ls="--")
+    ax.set_xticks(range(len(p)))
+    ax.set_xticklabels(labels, fontsize=6, rotation=90)
+    ax.set_ylabel("error, %")
+    ax.set_title("Graphs on: H200 PP=1 and the emulated box (grey: fit points)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmark/results/sim_validation.json")
+    ap.add_argument("--no-update-calibration", action="store_true")
+    ap.add_argument("--skip-graphs-off", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in ("aiconfigurator_core", "aiconfigurator"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    t0 = time.time()
+    cal = load_calibration()
+    points = h200_pp1(cal)
+    bp, phases = box(cal)
+    points += bp
+    logger.info("graphs-on sections done (%.0f s)", time.time() - t0)
+    ratios = gemm_ratio(cal)
+    if not args.skip_graphs_off:
+        points += graphs_off(cal)
+        logger.info("graphs-off section done (%.0f s)", time.time() - t0)
+    versus = aic_vs_sim(cal)
+    on = [p for p in points if p["section"] in ("h200_pp1", "box") and p["role"] == "validation"]
+    off = [
+        p for p in points if p["section"] == "real_2xh200_graphs_off" and p["role"] == "validation"
+    ]
+    summary = {
+        "graphs_on_validation_points": len(on),
+        "graphs_on_max_abs_error": round(max(abs(p["error"]) for p in on), 4),
+        "graphs_on_mean_abs_error": round(statistics.mean(abs(p["error"]) for p in on), 4),
+        "graphs_on_within_target": sum(abs(p["error"]) <= TARGET for p in on),
+        "gemm_ratio_max_abs_error": round(max(abs(r["error"]) for r in ratios), 4),
+        "target": TARGET,
+    }
+    if off:
+        summary.update(
+            graphs_off_points=len(off),
+            graphs_off_median_abs_error=round(statistics.median(abs(p["error"]) for p in off), 4),
+            graphs_off_within_target=sum(abs(p["error"]) <= TARGET for p in off),
+        )
+    # the error bar of an H200 prediction: the largest graphs-on validation error, rounded up
+    bar = math.ceil(summary["graphs_on_max_abs_error"] * 100) / 100
+    summary["h200_error_bar"] = bar
+    result = {
+        "about": __doc__.split("\n\n")[0].strip(),
+        "command": "python benchmark/sim/validate.py",
+        "calibration": {
+            "h200_correction": cal.system("h200_sxm").source,
+            "loopback_link": cal.raw["links"]["loopback_box"],
+            "mps_sharing": cal.raw["sharing"]["mps_box"],
+            "host_graphs_serial": cal.raw["host"]["graphs_serial"]["source"],
+        },
+        "measurements": {
+            "box": M.BOX_2026_12_02,
+            "mps_probe": M.MPS_PROBE_2026_12_02,
+            "h200_pp1": M.H200_PP1_GRAPHS_2026_12_01,
+            "aic_cli_pp1": M.AIC_CLI_PP1,
+            "committed": {k: M.COMMITTED[k] for k in ("run4_llama", "run3_qwen", "loop_overhead")},
+        },
+        "summary": summary,
+        "points": points,
+        "box_sp2_phases": phases,
+        "box_gemm_ratio": ratios,
+        "aic_vs_sim": versus,
+        "elapsed_s": round(time.time() - t0, 1),
+    }
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    plot(points, args.out.with_suffix(".png"))
+    logger.info("wrote %s (+ .png); summary %s", args.out.relative_to(ROOT), summary)
+    if not args.no_update_calibration:
+        data = json.loads(CALIBRATION_PATH.read_text())
+        data["systems"]["h200_sxm"]["error_bar"] = bar
+        data["systems"]["h200_sxm"]["error_bar_source"] = (
+            "largest |error| of the graphs-on validation points in "
+            "benchmark/results/sim_validation.json"
+        )
+        CALIBRATION_PATH.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
