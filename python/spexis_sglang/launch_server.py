@@ -116,10 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
         "SmolLM2-135M-Instruct.",
     )
     ServerArgs.add_cli_args(parser)
+    extra_help = {
+        "--model-path": " Default: the bundled SmolLM2-135M-Instruct.",
+        "--served-model-name": " Default here for the bundled model: 'smollm2-135m-instruct'.",
+        "--max-queued-requests": f" Default here: {DEFAULT_MAX_QUEUED_REQUESTS}; a request "
+        "arriving at a full queue answers 503 with Retry-After.",
+    }
     for action in parser._actions:
+        for flag, text in extra_help.items():
+            if flag in action.option_strings:
+                action.help = (action.help or "") + text
         if "--model-path" in action.option_strings:
             action.required = False
-            action.help = (action.help or "") + " Default: the bundled SmolLM2-135M-Instruct."
     add_spexis_args(parser)
     return parser
 
