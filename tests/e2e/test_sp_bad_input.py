@@ -281,16 +281,23 @@ def test_a_burst_beyond_the_queue_answers_503_with_retry_after_and_the_server_ke
         timeout=600,
     )
     assert hold.status_code == 200
-    next(line for line in hold.iter_lines() if line)  # its first token: it is running
+    # its first token: it is running (the iterator stays referenced: dropping it would close
+    # the connection, and SGLang would abort the request)
+    events = hold.iter_lines()
+    assert next(line for line in events if line).startswith(b"data: {")
     with ThreadPoolExecutor(2) as pool:
         single, batch = pool.submit(generate, [prompt]), pool.submit(generate, [prompt] * QUEUE)
-        done, _ = wait([single, batch], return_when=FIRST_COMPLETED, timeout=600)
-        first = done.pop()
-        turned_away = first.result()
-        assert turned_away.status_code == 503, turned_away.text[:500]
-        assert turned_away.headers["Retry-After"] == str(RETRY_AFTER_S)
-        assert "The request queue is full." in turned_away.text
-        hold.close()  # the client goes away: the long request is aborted
+        try:
+            done, _ = wait([single, batch], return_when=FIRST_COMPLETED, timeout=600)
+            first = done.pop()
+            turned_away = first.result()
+            assert turned_away.status_code == 503, turned_away.text[:500]
+            assert turned_away.headers["Retry-After"] == str(RETRY_AFTER_S)
+            assert "The request queue is full." in turned_away.text
+            # it still holds the slot (decoding, far from its 1900 tokens)
+            assert next(line for line in events if line).startswith(b"data: {")
+        finally:
+            hold.close()  # the client goes away: the long request is aborted
         served = (batch if first is single else single).result()
     assert served.status_code == 200, served.text[:500]
     assert [o["output_ids"] for o in served.json()] == [expected] * len(served.json())
