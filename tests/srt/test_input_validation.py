@@ -94,3 +94,39 @@ def test_top_logprobs_num_beyond_the_vocabulary_is_refused():
         logprob=SimpleNamespace(top_logprobs_num=10**6),
     )
     assert "top_logprobs_num" in request_input_error(req, VOCAB)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"max_new_tokens": "x"}, "sampling parameter 'max_new_tokens': Expected `int | null`"),
+        ({"temperature": "hot"}, "sampling parameter 'temperature': Expected `float`, got `str`"),
+        ({"stop": [1]}, "sampling parameter 'stop': Expected `str`, got `int` - at `$[0]`"),
+        ({"foo": 1}, "unknown sampling parameter 'foo'"),
+        ([1], "sampling_params must be an object, got list"),
+    ],
+)
+def test_sampling_params_sglang_would_answer_with_a_500_are_refused(params, message):
+    """SGLang builds ``SamplingParams(**params)`` and does arithmetic on them: an unknown name
+    or a string where a number belongs raised a TypeError, a bare HTTP 500."""
+    from spexis_sglang.srt.input_validation import sampling_params_error
+    from spexis_sglang.srt.tokenizer_manager import sampling_param_types
+
+    assert sampling_params_error(params, sampling_param_types()).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        None,
+        {},
+        {"max_new_tokens": 8, "temperature": 0, "top_p": 1, "stop": ["\n"], "n": 2},
+        {"temperature": None, "max_new_tokens": None},  # None: SGLang's default
+        {"ignore_eos": 1, "stop_token_ids": [2]},  # SGLang reads any value as a boolean
+    ],
+)
+def test_sampling_params_sglang_accepts_pass(params):
+    from spexis_sglang.srt.input_validation import sampling_params_error
+    from spexis_sglang.srt.tokenizer_manager import sampling_param_types
+
+    assert sampling_params_error(params, sampling_param_types()) is None

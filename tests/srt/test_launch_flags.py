@@ -120,6 +120,12 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             + ["--spexis-length-predictor", "bundled", "--spexis-admission-pdr", "0"],
             "--spexis-admission-pdr must be > 0",
         ),
+        (["--spexis-max-n", "0"], "--spexis-max-n must be >= 1, got 0"),
+        (
+            ["--spexis-max-request-sequences", "-1"],
+            "--spexis-max-request-sequences must be >= 1, got -1",
+        ),
+        (["--max-queued-requests", "0"], "--max-queued-requests must be >= 1, got 0"),
     ],
 )
 def test_bad_spexis_flags_are_refused(argv, message, capsys):
@@ -374,3 +380,47 @@ def test_cpu_defaults_turn_graphs_off_without_the_deprecated_flag():
     mine = launch_server.prepare_argv(["--model-path", model, "--disable-cuda-graph"], True)
     assert mine.count("--disable-cuda-graph") == 1
     assert "--disable-decode-cuda-graph" not in mine
+
+
+def test_every_server_gets_the_queue_limit_and_the_bundled_model_its_clean_name():
+    from spexis_sglang.default_model import default_model_dir
+
+    for argv in ([], ["--model-path", ensure_default_model()]):
+        got = launch_server.prepare_argv(argv, on_cpu=False)
+        assert launch_server._flag_value(got, ("--served-model-name",)) == (
+            True,
+            "smollm2-135m-instruct",
+        )
+        assert launch_server._flag_value(got, ("--max-queued-requests",)) == (True, "1024")
+        assert launch_server._flag_value(got, ("--model-path",))[1] == default_model_dir()
+    # what the user gives wins
+    argv = ["--served-model-name", "mine", "--max-queued-requests", "7"]
+    got = launch_server.prepare_argv(argv, on_cpu=False)
+    assert got.count("--served-model-name") == 1 and got.count("--max-queued-requests") == 1
+    assert launch_server._flag_value(got, ("--max-queued-requests",)) == (True, "7")
+    # another model keeps SGLang's own name (its path)
+    other = os.path.join(HEADS, "draft-exit15")  # any directory with a config.json
+    assert "--served-model-name" not in launch_server.prepare_argv(["--model-path", other], False)
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ([], (128, 1024, False)),
+        (["--spexis-max-n", "4", "--spexis-accept-any-model"], (4, 1024, True)),
+        (["--spexis-max-request-sequences", "64"], (128, 64, False)),
+        # a request could never be queued whole beyond the queue: the queue bounds it
+        (["--max-queued-requests", "100"], (128, 100, False)),
+    ],
+)
+def test_request_limits_reach_the_config(extra, expected, monkeypatch):
+    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+
+    for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
+        monkeypatch.setenv(name, "")
+    argv = launch_server.prepare_argv(["--pp-size", "2", *extra], on_cpu=False)
+    _, cfg = prepare_server_args(argv)
+    assert (cfg.max_n, cfg.max_request_sequences, cfg.accept_any_model) == expected
+    cfg.to_env()
+    assert get_config() == cfg

@@ -18,6 +18,7 @@ from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_INTERVAL,
     FIXED_ALPHA_OBSERVE_EVERY,
 )
+from spexis_sglang.srt.request_checks import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_SEQUENCES
 
 ENV_CONFIG = "SPEXIS_CONFIG"
 # Read by the stage-0 model (draft head location), see srt/draft_model.py.
@@ -107,6 +108,12 @@ class SpexisConfig:
     float64: bool = False
     #: Constrained decoding: stage 0's draft head drafts only tokens the row's grammar allows.
     grammar_draft_mask: bool = True
+    #: The largest ``n`` one request may ask for (``request_checks``; every server).
+    max_n: int = DEFAULT_MAX_N
+    #: The most sequences (prompts x ``n``) one request may fan out to.
+    max_request_sequences: int = DEFAULT_MAX_REQUEST_SEQUENCES
+    #: The OpenAI routes accept any model name (SGLang's behaviour) instead of answering 404.
+    accept_any_model: bool = False
 
     @property
     def enabled(self) -> bool:

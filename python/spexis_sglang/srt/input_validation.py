@@ -21,7 +21,7 @@ Two layers, both SGLang extension points:
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,31 @@ def top_logprobs_num_error(top_logprobs_num, vocab_size: int) -> Optional[str]:
         return None  # a batch's list is split into per-request values before the check
     if not 0 <= top_logprobs_num <= vocab_size:
         return f"top_logprobs_num must be in [0, {vocab_size}] (the vocab size), got {top_logprobs_num}"
+    return None
+
+
+def sampling_params_error(params: Any, field_types: Mapping[str, Any]) -> Optional[str]:
+    """A sampling parameter SGLang would answer with a bare HTTP 500 instead of refusing it: an
+    unknown name (``SamplingParams(**params)`` raises ``TypeError``) or a value of the wrong
+    type (``"max_new_tokens": "x"`` fails in arithmetic). ``field_types`` maps each name to its
+    type; ``None`` means "the default" to SGLang, and booleans are left alone (SGLang reads any
+    value as true or false)."""
+    import msgspec
+
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        return f"sampling_params must be an object, got {type(params).__name__}"
+    for name, value in params.items():
+        if name not in field_types:
+            return f"unknown sampling parameter {name!r}"
+        kind = field_types[name]
+        if value is None or kind is bool:
+            continue
+        try:
+            msgspec.convert(value, kind)
+        except msgspec.ValidationError as e:
+            return f"sampling parameter {name!r}: {e}"
     return None
 
 
