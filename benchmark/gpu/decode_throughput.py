@@ -168,20 +168,6 @@ def plan_configs(
                     python_path=old_python,
                 )
             )
-    # last, as it is a second try: SP reading stage 0's drafts synchronously
-    for n in stages:
-        if "spsync" in kinds:
-            th = 0.76 if 0.76 in thetas or not thetas else thetas[0]
-            out.append(
-                _config(
-                    f"spexis_sp{n}_syncdraft",
-                    "sp",
-                    n,
-                    _sp_args(n, th),
-                    env={"SPEXIS_SYNC_DRAFT_READ": "1"},
-                    variants=[{"name": f"spexis_sp{n}_syncdraft_theta{th:g}", "theta": th}],
-                )
-            )
     return out
 
 
@@ -763,9 +749,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--kinds",
         default="pp1,pp,tp,sp",
-        help="subset of pp1,pp,tp,sp,ppa,spsync,spauto,spold (ppa: stock PP with "
-        "--pp-async-batch-depth 1; spsync: SP with SPEXIS_SYNC_DRAFT_READ=1; spauto: SP with "
-        "--spexis-alpha auto; spold: SP from --old-python)",
+        help="subset of pp1,pp,tp,sp,ppa,spauto,spold (ppa: stock PP with "
+        "--pp-async-batch-depth 1; spauto: SP with --spexis-alpha auto; spold: SP from "
+        "--old-python)",
     )
     p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
     p.add_argument(
@@ -855,7 +841,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for x in a.extra_input:
         n, _, bs = x.partition(":")
         a.extra_inputs.append((int(n), sorted({int(b) for b in bs.split(",") if b})))
-    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spsync", "spauto", "spold"}
+    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spauto", "spold"}
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
     if any(

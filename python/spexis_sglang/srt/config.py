@@ -29,8 +29,6 @@ ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
 ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
 #: "1": time stock SGLang's event_loop_pp by phase too (stats.StockPPPhaseTimers)
 ENV_PHASE_TIMERS = "SPEXIS_PHASE_TIMERS"
-#: "1": read stage 0's drafts right after the launch, not when the next batch is built
-ENV_SYNC_DRAFT_READ = "SPEXIS_SYNC_DRAFT_READ"
 #: a path prefix: cProfile each rank's SP loop into PREFIX.pp{rank}.tp{rank}.prof
 ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
 #: a file to which stage 0's scheduler (TP rank 0) appends one JSON line per SP decode batch:

@@ -80,7 +80,6 @@ from spexis_sglang.srt.config import (
     ENV_GPU_TIMERS,
     ENV_PP_TRANSPORT,
     ENV_PROFILE_LOOP,
-    ENV_SYNC_DRAFT_READ,
     SpexisConfig,
     env_flag,
     env_value,
@@ -89,6 +88,7 @@ from spexis_sglang.srt.config import (
 )
 from spexis_sglang.srt.host_staging import HostReadback, HostStaging
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.request_checks import hidden_states_error
 from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
 from spexis_sglang.srt.profiling import DraftLog
 from spexis_sglang.srt.protocol import (
@@ -433,7 +433,6 @@ class SpexisScheduler(Scheduler):
             self.sp_metrics = SpexisMetrics(
                 self.metrics_collector.labels, benchmark_modes=self._sp_benchmark_modes()
             )
-        self.sp_sync_draft_read = env_flag(ENV_SYNC_DRAFT_READ)
         # stage 0: skip SGLang's receive when its sockets hold nothing (request_poll)
         self.sp_nothing_queued = nothing_queued_check(
             self.request_receiver,
@@ -1257,12 +1256,11 @@ class SpexisScheduler(Scheduler):
     def sp_after_launch(self, batch: ScheduleBatch, result) -> None:
         """Take the drafts stage 0 just made (placeholders on the other stages).
 
-        They are needed only when the next decode batch is built, so on a GPU stage 0 copies
-        them to the host behind the forward (:meth:`run_batch`) and reads them then
-        (:meth:`sp_apply_drafts`): receiving and processing the previous results overlaps this
-        forward pass instead of waiting for it. Every rank applies its drafts at the same point
-        of the loop, which keeps the mirrored states identical. ``SPEXIS_SYNC_DRAFT_READ=1``
-        reads them at once (the previous behaviour; kept for the benchmark's before/after).
+        They are recorded when the next decode batch is built (:meth:`sp_apply_drafts`),
+        after the transit batch's results have converted this batch's redone rows; on a GPU
+        stage 0 copies them to the host behind the forward (:meth:`run_batch`) and reads them
+        only where the host needs their values. Every rank applies its drafts at the same
+        point of the loop, which keeps the mirrored states identical.
         """
         stats = self.sp.stats
         stats.iterations += 1
@@ -1287,8 +1285,6 @@ class SpexisScheduler(Scheduler):
         else:
             pending = _PendingDrafts(rows)  # placeholders
         self.sp.pending_drafts.append(pending)
-        if self.sp_sync_draft_read:
-            self.sp_apply_drafts()
 
     def sp_apply_drafts(self) -> None:
         """Record the drafts of the decode batches launched so far, oldest first.
@@ -1369,12 +1365,17 @@ class SpexisScheduler(Scheduler):
         if not is_retracted and not req.finished():
             error = (
                 request_input_error(req, self.model_config.vocab_size)
+                or hidden_states_error(bool(req.return_hidden_states), self.ps.pp_size)
                 or self._force_accept_param_error(req)
                 or self._sp_unsupported_error(req)
             )
             if error:
                 logger.warning("Spexis: aborting request %s: %s", req.rid, error)
                 req.set_finish_with_abort(error)
+                # the aborted request's one-token prefill must not ask for hidden states
+                # either (under PP that is what kills every rank)
+                req.return_hidden_states = False
+                req.return_hidden_states_mode = CaptureHiddenMode.NULL
         return super()._add_request_to_queue(req, is_retracted=is_retracted)
 
     def _sp_unsupported_error(self, req: Req) -> Optional[str]:
