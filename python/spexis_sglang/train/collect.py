@@ -88,14 +88,26 @@ class BaseModel:
 
     @property
     def final_norm_weight(self) -> torch.Tensor:
-        return self.model.model.norm.weight
+        """The final norm's effective per-channel scale (Llama's ``w``, Gemma's ``1 + w``):
+        the norm of an all-ones row, which RMS-normalises to ones before the scale."""
+        norm = self.model.model.norm
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        param = next(norm.parameters())
+        with torch.no_grad():
+            ones = torch.ones(1, param.shape[0], dtype=torch.float32, device=param.device)
+            scale = (norm(ones)[0].float() * (1.0 + eps) ** 0.5).detach()
+        # Llama-style: exactly the stored weight (the rescaling above rounds)
+        return param if torch.allclose(scale, param.float(), rtol=1e-5, atol=1e-6) else scale
 
 
-def load_base_model(path: str, device: str = "cpu", name: str | None = None) -> BaseModel:
+def load_base_model(
+    path: str, device: str = "cpu", name: str | None = None, dtype: str = "float32"
+) -> BaseModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
     gen = model.generation_config
     eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
@@ -112,6 +124,11 @@ def load_base_model(path: str, device: str = "cpu", name: str | None = None) -> 
 
 
 def chat_ids(base: BaseModel, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt's token ids: the chat template, or for a base model without one the turns'
+    text joined by blank lines (what a user sends a base model through ``/generate``)."""
+    if not getattr(base.tokenizer, "chat_template", None):
+        text = "\n\n".join(m["content"] for m in messages)
+        return [int(t) for t in base.tokenizer(text)["input_ids"]]
     out = base.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
