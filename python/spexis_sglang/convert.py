@@ -125,7 +125,12 @@ def sentencepiece_bpe_tokenizer(model_dir: str, bos: str | None) -> None:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     pieces = data["model"]["vocab"]
-    vocab = {p: i for i, (p, _) in enumerate(pieces)}
+    vocab: dict[str, int] = {}
+    for i, (p, _) in enumerate(pieces):
+        if p in vocab:  # the converter renamed a byte piece ("<0x09>") to an existing "\t"
+            p = f"<0x{ord(p):02X}>" if len(p) == 1 and ord(p) < 256 else f"<duplicate-{i}>"
+            pieces[i][0] = p
+        vocab[p] = i
     control = _control_tokens(data)
     merges = generate_merges(vocab, pieces, skip_tokens=control)
     tok = Tokenizer(

@@ -666,6 +666,10 @@ def install_model_classes() -> None:
 
     for arch, cls in SPEXIS_MODEL_CLASSES.items():
         ModelRegistry.models[arch] = cls
+    if "Gemma3ForCausalLM" in ModelRegistry.models:  # not when its module is disabled
+        from spexis_sglang.srt.model_gemma3 import SpexisGemma3ForCausalLM
+
+        ModelRegistry.models["Gemma3ForCausalLM"] = SpexisGemma3ForCausalLM
 
 
 def spexis_tp_worker_class() -> type:
