@@ -93,7 +93,9 @@ def measure_generate(base, device: str, batch: int, prompt_len: int, new_tokens:
     }
 
 
-def measure_teacher_forced(base, device: str, batch: int, seq_len: int, repeats: int, exit_layer: int) -> dict:
+def measure_teacher_forced(
+    base, device: str, batch: int, seq_len: int, repeats: int, exit_layer: int
+) -> dict:
     from spexis_sglang.train.collect import teacher_forced
 
     vocab = base.config.vocab_size
@@ -125,8 +127,14 @@ def _random_collected(config, n_seqs: int, seq_len: int, exit_layer: int, device
     total = n_seqs * seq_len
     h = config.hidden_size
     meta = [
-        {"prompt_len": seq_len // 4, "answer_len": seq_len - seq_len // 4, "length": seq_len,
-         "finished": i % 2 == 0, "category": "x", "source": "x"}
+        {
+            "prompt_len": seq_len // 4,
+            "answer_len": seq_len - seq_len // 4,
+            "length": seq_len,
+            "finished": i % 2 == 0,
+            "category": "x",
+            "source": "x",
+        }
         for i in range(n_seqs)
     ]
     tensors = {
@@ -139,17 +147,27 @@ def _random_collected(config, n_seqs: int, seq_len: int, exit_layer: int, device
     return Collected(meta=meta, offsets=offsets, tensors=tensors, max_new_tokens=seq_len)
 
 
-def measure_train_draft(base, device: str, n_seqs: int, seq_len: int, batch_tokens: int, exit_layer: int, dtype: str) -> dict:
+def measure_train_draft(
+    base, device: str, n_seqs: int, seq_len: int, batch_tokens: int, exit_layer: int, dtype: str
+) -> dict:
     from spexis_sglang.train.draft import DraftTrainConfig, new_draft_head, train_draft_head
 
     data = _random_collected(base.config, n_seqs, seq_len, exit_layer, device)
     head = new_draft_head(base.config, base.final_norm_weight, 1, 0)
     lm_w = base.lm_head_weight
-    cfg = DraftTrainConfig(exit_layer=exit_layer, epochs=1, batch_tokens=batch_tokens,
-                           device=device, dtype=dtype, warmup_steps=2)
+    cfg = DraftTrainConfig(
+        exit_layer=exit_layer,
+        epochs=1,
+        batch_tokens=batch_tokens,
+        device=device,
+        dtype=dtype,
+        warmup_steps=2,
+    )
     # warm-up on a few sequences (kernels, allocator)
     small = _random_collected(base.config, 2, seq_len, exit_layer, device)
-    train_draft_head(new_draft_head(base.config, base.final_norm_weight, 1, 0), small, None, lm_w, cfg)
+    train_draft_head(
+        new_draft_head(base.config, base.final_norm_weight, 1, 0), small, None, lm_w, cfg
+    )
     _peak_reset(device)
     t0 = time.time()
     _, info = train_draft_head(head, data, None, lm_w, cfg)
@@ -182,15 +200,25 @@ def measure_train_length(base, device: str, n_seqs: int, seq_len: int, exit_laye
     )
     _sync(device)
     dt = time.time() - t0
-    return {"rows": info.get("rows"), "seconds": dt, "rows_per_s": info.get("rows", 0) / dt,
-            "peak_gib": _peak_gib(device)}
+    return {
+        "rows": info.get("rows"),
+        "seconds": dt,
+        "rows_per_s": info.get("rows", 0) / dt,
+        "peak_gib": _peak_gib(device),
+    }
 
 
-def estimate(res: dict, prompts: int, prompt_tokens: float, answer_tokens: float, epochs: int) -> dict:
+def estimate(
+    res: dict, prompts: int, prompt_tokens: float, answer_tokens: float, epochs: int
+) -> dict:
     """Hours of a run of ``prompts`` prompts (mean prompt / answer tokens) at the rates measured."""
     total = prompts * (prompt_tokens + answer_tokens)
-    out = {"prompts": prompts, "mean_prompt_tokens": prompt_tokens,
-           "mean_answer_tokens": answer_tokens, "draft_epochs": epochs}
+    out = {
+        "prompts": prompts,
+        "mean_prompt_tokens": prompt_tokens,
+        "mean_answer_tokens": answer_tokens,
+        "draft_epochs": epochs,
+    }
     if "generate" in res:
         out["generate_hf_s"] = prompts * answer_tokens / res["generate"]["answer_tokens_per_s"]
     out["teacher_forced_s"] = total / res["teacher_forced"]["tokens_per_s"]
@@ -239,22 +267,57 @@ def main(argv=None) -> int:
     res: dict = {
         "what": "draft-head training throughput and peak memory, dummy (random) weights",
         "config": os.path.relpath(os.path.abspath(args.config), os.path.join(HERE, "..", "..")),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "device": (
+            torch.cuda.get_device_name()
+            if args.device.startswith("cuda")
+            else platform.processor() or "cpu"
+        ),
         "base_dtype": args.dtype,
         "exit_layer": exit_layer,
         "pp_size": args.pp_size,
         "parameters": sum(p.numel() for p in base.model.parameters()),
         "build_s": build_s,
         "torch": torch.__version__,
-        "command": "python " + " ".join([os.path.relpath(__file__, os.getcwd())] + sys.argv[1:] if argv is None else argv),
+        "command": "python "
+        + " ".join(
+            [os.path.relpath(__file__, os.getcwd())] + sys.argv[1:] if argv is None else argv
+        ),
     }
     steps = []
     if not args.skip_generate:
-        steps.append(("generate", lambda: measure_generate(base, args.device, args.gen_batch, args.gen_prompt_len, args.gen_new_tokens)))
+        steps.append(
+            (
+                "generate",
+                lambda: measure_generate(
+                    base, args.device, args.gen_batch, args.gen_prompt_len, args.gen_new_tokens
+                ),
+            )
+        )
     steps += [
-        ("teacher_forced", lambda: measure_teacher_forced(base, args.device, args.tf_batch, args.tf_seq_len, args.tf_repeats, exit_layer)),
-        ("train_draft", lambda: measure_train_draft(base, args.device, args.draft_seqs, args.draft_seq_len, args.draft_batch_tokens, exit_layer, train_dtype)),
-        ("train_length", lambda: measure_train_length(base, args.device, args.draft_seqs, args.draft_seq_len, exit_layer)),
+        (
+            "teacher_forced",
+            lambda: measure_teacher_forced(
+                base, args.device, args.tf_batch, args.tf_seq_len, args.tf_repeats, exit_layer
+            ),
+        ),
+        (
+            "train_draft",
+            lambda: measure_train_draft(
+                base,
+                args.device,
+                args.draft_seqs,
+                args.draft_seq_len,
+                args.draft_batch_tokens,
+                exit_layer,
+                train_dtype,
+            ),
+        ),
+        (
+            "train_length",
+            lambda: measure_train_length(
+                base, args.device, args.draft_seqs, args.draft_seq_len, exit_layer
+            ),
+        ),
     ]
     for name, fn in steps:
         t0 = time.time()
@@ -263,8 +326,13 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:  # what finished, should the call run out of time
             json.dump(res, f, indent=1)
-    res["estimate"] = estimate(res, args.estimate_prompts, args.estimate_prompt_tokens,
-                               args.estimate_answer_tokens, args.estimate_epochs)
+    res["estimate"] = estimate(
+        res,
+        args.estimate_prompts,
+        args.estimate_prompt_tokens,
+        args.estimate_answer_tokens,
+        args.estimate_epochs,
+    )
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res["estimate"]))

@@ -20,8 +20,13 @@ from spexis_sglang.models.artifact import (
 
 
 def _save_model(path: str, arch: str, layers: int, heads: int, kv_heads: int, seed: int = 0) -> str:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config
-    from transformers import Qwen3ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     from spexis_sglang.default_model import ensure_default_model
 
@@ -38,7 +43,19 @@ def _save_model(path: str, arch: str, layers: int, heads: int, kv_heads: int, se
         tie_word_embeddings=False,
     )
     if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters={"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                **common,
+                rope_parameters={
+                    "rope_theta": 5e5,
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            )
+        )
     else:
         model = Qwen3ForCausalLM(Qwen3Config(**common))
     model.save_pretrained(path)
@@ -62,7 +79,11 @@ def _head_for(model_dir: str, out: str, exit_layer: int) -> str:
         config = json.load(f)
     head = DraftHead(DraftHeadConfig.from_base(config))
     save_draft_head(
-        out, head, config, os.path.basename(model_dir), exit_layer,
+        out,
+        head,
+        config,
+        os.path.basename(model_dir),
+        exit_layer,
         weights_hash=weights_fingerprint(model_dir),
     )
     return out
@@ -74,7 +95,9 @@ def test_weights_fingerprint_tells_checkpoints_apart_not_dtypes(models, tmp_path
     from transformers import AutoModelForCausalLM
 
     bf16 = str(tmp_path / "bf16")
-    AutoModelForCausalLM.from_pretrained(models["llama7"], dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoModelForCausalLM.from_pretrained(models["llama7"], dtype=torch.bfloat16).save_pretrained(
+        bf16
+    )
     assert weights_fingerprint(bf16) == a
     os.makedirs(tmp_path / "config-only")
     assert weights_fingerprint(str(tmp_path / "config-only")) is None
@@ -116,14 +139,27 @@ def test_launcher_refuses_a_head_for_another_model_or_split(models, tmp_path, mo
     )
     cases = [
         # same architecture and config, other weights
-        (["--model-path", models["llama7b"], "--pp-size", "2", "--spexis-draft-head", llama_head],
-         "does not match the base model's weights: it was trained on 'llama7'"),
+        (
+            [
+                "--model-path",
+                models["llama7b"],
+                "--pp-size",
+                "2",
+                "--spexis-draft-head",
+                llama_head,
+            ],
+            "does not match the base model's weights: it was trained on 'llama7'",
+        ),
         # another architecture
-        (["--model-path", models["qwen5"], "--pp-size", "2", "--spexis-draft-head", llama_head],
-         "field 'model_type' is 'llama' in the artifact"),
+        (
+            ["--model-path", models["qwen5"], "--pp-size", "2", "--spexis-draft-head", llama_head],
+            "field 'model_type' is 'llama' in the artifact",
+        ),
         # the split: 7 layers over 3 stages end stage 0 at layer 2, not 3
-        (["--model-path", models["llama7"], "--pp-size", "3", "--spexis-draft-head", llama_head],
-         "'exit_layer' is 3 in the artifact but the server's stage 0 ends after layer 2"),
+        (
+            ["--model-path", models["llama7"], "--pp-size", "3", "--spexis-draft-head", llama_head],
+            "'exit_layer' is 3 in the artifact but the server's stage 0 ends after layer 2",
+        ),
     ]
     for argv, message in cases:
         with pytest.raises(LaunchError) as e:
@@ -131,4 +167,7 @@ def test_launcher_refuses_a_head_for_another_model_or_split(models, tmp_path, mo
         assert message in str(e.value)
     # the split a user sets to match the head is accepted
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "3,2,2")
-    _launch(["--model-path", models["llama7"], "--pp-size", "3", "--spexis-draft-head", llama_head], monkeypatch)
+    _launch(
+        ["--model-path", models["llama7"], "--pp-size", "3", "--spexis-draft-head", llama_head],
+        monkeypatch,
+    )
