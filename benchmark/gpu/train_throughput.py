@@ -63,9 +63,14 @@ def build_base(config_dir: str, device: str, dtype: torch.dtype):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     _sync(device)
-    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0
+    # the last id as EOS: random weights almost never emit it, so answers run to the cap
     base = BaseModel(
-        model=model, tokenizer=None, config=cfg, eos_ids=(-1,), pad_id=int(eos), name="dummy"
+        model=model,
+        tokenizer=None,
+        config=cfg,
+        eos_ids=(cfg.vocab_size - 1,),
+        pad_id=0,
+        name="dummy",
     )
     return base, time.time() - t0
 
@@ -79,7 +84,7 @@ def measure_generate(base, device: str, batch: int, prompt_len: int, new_tokens:
     generate_greedy(base, prompts[:2], 2)  # warm-up
     _peak_reset(device)
     t0 = time.time()
-    out = generate_greedy(base, prompts, new_tokens)  # eos -1: every answer runs to the cap
+    out = generate_greedy(base, prompts, new_tokens)
     _sync(device)
     dt = time.time() - t0
     tokens = sum(len(a) for a, _ in out)
