@@ -169,3 +169,45 @@ def test_cli_refuses_bad_paths(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["all", "--model-path", str(tmp_path / "missing"), "--out", str(tmp_path)])
     assert "neither a model directory" in capsys.readouterr().err
+
+
+def test_a_random_qwen3_of_odd_depth_trains_at_its_split(tmp_path):
+    """Qwen3, 5 layers, 4:1 GQA, --pp-size 3: the head exits after layer 1 (5 // 3)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from .tiny_base import make_tokenizer
+
+    tok = make_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=128,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    model_dir = str(tmp_path / "qwen3-odd")
+    Qwen3ForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    data = tmp_path / "p.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"prompt": prompt_for(i).messages[0][1]}) for i in range(12))
+    )
+    out = tmp_path / "out"
+    argv = ["all", "--preset", "tiny", "--model-path", model_dir, "--pp-size", "3"]
+    argv += ["--out", str(out), "--data", str(data), "--threads", "1", "--max-new-tokens", "6"]
+    assert cli.main(argv) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["draft-exit1", "length", "work"]
+    from transformers import AutoConfig
+
+    base = AutoConfig.from_pretrained(model_dir)
+    _, cfg = load_draft_head(str(out / "draft-exit1"), base, exit_layer=1)
+    assert cfg.base_architecture_name == "Qwen3ForCausalLM"
+    assert cfg.extra["pp_sizes"] == [3]
+    load_length_predictor(str(out / "length"), base, exit_layer=1)
