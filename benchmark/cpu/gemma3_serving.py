@@ -150,6 +150,15 @@ def main() -> int:
         "timings_s": report["timings"],
         "train_command": report["run"]["command"],
     }
+    smol = os.path.join(REPO, "benchmark", "results", "quality_cpu.json")
+    if os.path.isfile(smol):  # the same pipeline on SmolLM2 at the cpu preset, for comparison
+        with open(smol) as f:
+            ref = json.load(f)
+        res["smollm2_cpu_reference"] = {
+            "source": "benchmark/results/quality_cpu.json",
+            "acceptance_avg": {k: v["acceptance"]["avg"] for k, v in ref["draft"].items()},
+            "length_eval": ref["length"]["eval"],
+        }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -897,6 +897,10 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "draft": {},
         "notes": list(cfg.notes),
     }
+    if not getattr(base.tokenizer, "chat_template", None):
+        results["notes"].append(
+            "no chat template: prompts went to the model as the turns' text joined by blank lines"
+        )
     eval_keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit}))
     eval_keys += ("next", _lkey(cfg))
     eval_sets = _eval_sets(cfg)
