@@ -75,7 +75,10 @@ def ensure_converted(gguf: str, out_dir: str | None = None, force: bool = False)
         config.tie_word_embeddings = False
         state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     model = type(quantised)(config)
-    model.load_state_dict(state, strict=False)
+    missing, _ = model.load_state_dict(state, strict=False)  # tied heads: either name
+    missing = [k for k in missing if not (k == "lm_head.weight" and not untie)]
+    if missing:
+        raise RuntimeError(f"{name}: tensors missing after dequantisation: {missing[:5]}")
     model.generation_config = quantised.generation_config
     steps.update()
     steps.set_postfix_str("saving")
