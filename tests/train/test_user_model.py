@@ -211,3 +211,19 @@ def test_a_random_qwen3_of_odd_depth_trains_at_its_split(tmp_path):
     assert cfg.base_architecture_name == "Qwen3ForCausalLM"
     assert cfg.extra["pp_sizes"] == [3]
     load_length_predictor(str(out / "length"), base, exit_layer=1)
+
+
+def test_collect_does_not_resume_from_shards_of_other_settings(base, tmp_path, caplog):
+    """A re-run with another storage dtype (or answer cap, exits) collects again instead of
+    reading the old shards (a Gemma run's float16 shards held inf)."""
+    from spexis_sglang.train.collect import CollectConfig, collect, load_collected
+
+    prompts = [prompt_for(s, uid=f"s{s}") for s in range(4)]
+    kw = dict(exits=(2,), max_prompt_tokens=64, max_new_tokens=8, batch_size=2)
+    d = str(tmp_path / "set")
+    collect(base, prompts, d, CollectConfig(**kw), "x")
+    assert load_collected(d).tensors["hidden_2"].dtype == torch.float16
+    with caplog.at_level("WARNING"):
+        collect(base, prompts, d, CollectConfig(**kw, store_dtype="bfloat16"), "x")
+    assert "collected with other settings" in caplog.text
+    assert load_collected(d).tensors["hidden_2"].dtype == torch.bfloat16

@@ -62,6 +62,9 @@ class CollectConfig:
     # who generates the greedy answers: "hf" (``generate``, per batch) or "sglang" (answers
     # made beforehand for the whole set by :func:`sglang_answers`; collect only teacher-forces)
     backend: str = "hf"
+    # dtype the hidden states are stored in: float16, or bfloat16 for a model whose residual
+    # stream leaves float16's range (Gemma's reaches ~1e5; :func:`storage_dtype` probes it)
+    store_dtype: str = "float16"
 
     def __post_init__(self) -> None:
         if not 0 <= self.worker < self.num_workers:
@@ -351,7 +354,11 @@ def sglang_answers(
 
 @torch.no_grad()
 def teacher_forced(
-    base: BaseModel, sequences: list[list[int]], exits: tuple[int, ...], chunk: int = 64
+    base: BaseModel,
+    sequences: list[list[int]],
+    exits: tuple[int, ...],
+    chunk: int = 64,
+    store_dtype: torch.dtype = torch.float16,
 ) -> list[dict[str, torch.Tensor]]:
     """One right-padded forward over full sequences: next tokens, exit and final hidden states."""
     device = next(base.model.parameters()).device
@@ -386,10 +393,10 @@ def teacher_forced(
         rec = {
             "tokens": ids[i, :n].to(torch.int32),
             "next": nxt[i, :n].to("cpu", torch.int32),
-            "final": final[i, :n].to("cpu", torch.float16),
+            "final": final[i, :n].to("cpu", store_dtype),
         }
         for layer_idx in exits:
-            rec[f"hidden_{layer_idx}"] = captured[layer_idx][i, :n].to("cpu", torch.float16)
+            rec[f"hidden_{layer_idx}"] = captured[layer_idx][i, :n].to("cpu", store_dtype)
         records.append(rec)
     return records
 
@@ -512,6 +519,7 @@ def collect(
                 "%s already collected (%d sequences); skipping", out_dir, len(meta["sequences"])
             )
             return meta
+    _drop_stale_shards(out_dir, cfg)
     # Drop prompts whose (first-round) template is too long; sort by length to limit padding.
     encoded = []
     not_answered = 0
@@ -584,7 +592,10 @@ def collect(
             else:
                 prompt_ids, gen = _generate_batch(base, batch, cfg)
             seqs = [pi + a for pi, (a, _) in zip(prompt_ids, gen)]
-            records = _halving(lambda ss: teacher_forced(base, ss, cfg.exits), seqs)
+            store = getattr(torch, cfg.store_dtype)
+            records = _halving(
+                lambda ss: teacher_forced(base, ss, cfg.exits, store_dtype=store), seqs
+            )
             for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, gen, records):
                 plen = len(pi)
                 # teacher-forced greedy vs the generated continuation (near-ties only)
@@ -692,12 +703,52 @@ def collect(
     return meta
 
 
+def _drop_stale_shards(out_dir: str, cfg: CollectConfig) -> None:
+    """Shards collected with other settings (answer cap, exits, storage dtype, ...) are not
+    resumed from: deleted, with a warning. The settings are kept in ``collect-config.json``."""
+    path = os.path.join(out_dir, "collect-config.json")
+    want = _jsonable(cfg)
+    if os.path.isfile(path):
+        with open(path) as f:
+            have = json.load(f)
+        if have != want:
+            stale = [
+                fn for fn in os.listdir(out_dir) if fn.startswith("shard-") or fn == "meta.json"
+            ]
+            logger.warning(
+                "%s: %d files were collected with other settings; collecting again",
+                out_dir,
+                len(stale),
+            )
+            for fn in stale:
+                os.remove(os.path.join(out_dir, fn))
+    with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+        json.dump(want, f)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
 def _jsonable(cfg: CollectConfig) -> dict:
     """What the data depends on (not how the work was split)."""
     d = json.loads(json.dumps(asdict(cfg)))
     for k in ("worker", "num_workers", "deadline", "allow_partial"):
         d.pop(k)
+    if d.get("store_dtype") == "float16":  # the default: sets collected before it still match
+        d.pop("store_dtype")
     return d
+
+
+# what float16 storage may hold with room to spare (its largest finite value is 65504)
+FLOAT16_SAFE = 2.0**14
+
+
+def storage_dtype(base: BaseModel, exits: tuple[int, ...]) -> str:
+    """float16, unless a probe's exit or final hidden states leave float16's safe range."""
+    ids = chat_ids(base, [{"role": "user", "content": "Explain in detail how a city works."}])
+    rec = teacher_forced(base, [ids], exits, store_dtype=torch.float32)[0]
+    peak = max(float(v.abs().max()) for k, v in rec.items() if k.startswith(("hidden_", "final")))
+    dtype = "float16" if peak < FLOAT16_SAFE else "bfloat16"
+    logger.info("hidden states peak at %.3g on a probe: stored as %s", peak, dtype)
+    return dtype
 
 
 @dataclass

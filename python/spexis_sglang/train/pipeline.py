@@ -490,7 +490,7 @@ def step_prompts(cfg: PipelineConfig) -> dict:
 
 
 def step_collect(cfg: PipelineConfig) -> dict:
-    from spexis_sglang.train.collect import CollectConfig, collect
+    from spexis_sglang.train.collect import CollectConfig, collect, storage_dtype
 
     _setup(cfg)
     t0 = time.time()
@@ -508,6 +508,7 @@ def step_collect(cfg: PipelineConfig) -> dict:
         deadline=cfg.collect_deadline,
         allow_partial=cfg.collect_allow_partial,
         backend=cfg.collect_backend,
+        store_dtype=storage_dtype(base, tuple(sorted(set(cfg.exits) | {cfg.length_exit}))),
     )
     if ccfg.backend == "sglang" and num_workers > 1:
         raise ValueError("--collect-backend sglang: one collect process (the server batches)")
