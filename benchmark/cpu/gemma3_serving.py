@@ -66,11 +66,10 @@ def test_prompts(heads: str, n: int) -> list[list[int]]:
     return out[:n]
 
 
-def rel(path: str) -> str:
-    return (
-        os.path.relpath(os.path.abspath(path), REPO)
-        if path.startswith(REPO)
-        else os.path.basename(path)
+def _no_machine_paths(command: str) -> str:
+    """A command line with each absolute path cut to ``<its last component>``."""
+    return " ".join(
+        f"<{os.path.basename(a.rstrip('/'))}>" if a.startswith("/") else a for a in command.split()
     )
 
 
@@ -97,9 +96,8 @@ def main() -> int:
         "prompts": len(prompts),
         "new_tokens": args.new_tokens,
         "exact_mode": exact,
-        "command": "python benchmark/cpu/gemma3_serving.py "
-        + " ".join(
-            a if not a.startswith("/") else "<" + os.path.basename(a) + ">" for a in sys.argv[1:]
+        "command": _no_machine_paths(
+            "python benchmark/cpu/gemma3_serving.py " + " ".join(sys.argv[1:])
         ),
     }
     outputs = {}
@@ -148,7 +146,7 @@ def main() -> int:
         "length_validation": report["length"]["validation"],
         "data": report["data"],
         "timings_s": report["timings"],
-        "train_command": report["run"]["command"],
+        "train_command": _no_machine_paths(report["run"]["command"]),
     }
     smol = os.path.join(REPO, "benchmark", "results", "quality_cpu.json")
     if os.path.isfile(smol):  # the same pipeline on SmolLM2 at the cpu preset, for comparison
