@@ -590,6 +590,7 @@ def _check_stage0_artifact(
     from spexis_sglang.models.artifact import (
         ArtifactMismatchError,
         check_compatible,
+        check_weights_fingerprint,
         read_artifact_config,
     )
 
@@ -599,6 +600,8 @@ def _check_stage0_artifact(
             base = json.load(f)
         exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
         check_compatible(cfg, base, expected_kind=kind, exit_layer=exit_layer, where=where)
+        if server_args.load_format != "dummy":  # same architecture, other checkpoint
+            check_weights_fingerprint(cfg, server_args.model_path, where)
         if check_weights:
             # a truncated or reshaped model.safetensors fails here, not at stage 0's first
             # forward (header only: cheap)

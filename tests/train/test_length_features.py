@@ -123,7 +123,7 @@ def test_pipeline_trains_calibrates_and_reloads_the_length_recipe(tmp_path):
         threads=1,
     )
     pipeline._BASE_CACHE.clear()
-    pipeline._BASE_CACHE[(cfg.model_path, cfg.device)] = base
+    pipeline._BASE_CACHE[(cfg.model_path, cfg.device, cfg.base_dtype)] = base
     ccfg = CollectConfig(exits=(EXIT_LAYER,), max_prompt_tokens=64, max_new_tokens=12)
     for name, starts in (("train", range(12)), ("val", range(1, 12, 3))):
         prompts = [prompt_for(s, uid=f"{name}{s}") for s in starts]

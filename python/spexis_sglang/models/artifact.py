@@ -64,6 +64,8 @@ def architecture_fields(base_config: Any) -> dict[str, Any]:
     rope = _get(base_config, "rope_parameters") or {}
     if not isinstance(rope, Mapping):
         rope = dict(rope)
+    if isinstance(rope.get("full_attention"), Mapping):  # per layer type (Gemma 3): global
+        rope = rope["full_attention"]
     scaling = _get(base_config, "rope_scaling") or {}
     rope_theta = rope.get("rope_theta", _get(base_config, "rope_theta", 10000.0))
     rope_type = (
@@ -83,6 +85,64 @@ def architecture_fields(base_config: Any) -> dict[str, Any]:
         # float32 round trip so a config that stores 1e-5 as 9.9999997e-06 matches
         "rms_norm_eps": float(torch.tensor(float(eps), dtype=torch.float32).item()),
     }
+
+
+def architecture_name(base_config: Any) -> str:
+    """The checkpoint's class name (``architectures[0]``), "" if not recorded."""
+    names = _get(base_config, "architectures") or []
+    return str(names[0]) if names else ""
+
+
+# embedding / LM-head rows hashed by weights_fingerprint: spread over the vocabulary
+WEIGHT_HASH_ROWS = 64
+_EMBED_NAMES = ("embed_tokens.weight", "lm_head.weight")
+
+
+def _weight_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, fn) for fn in files]
+    single = os.path.join(model_dir, WEIGHTS_FILE)
+    return [single] if os.path.isfile(single) else []
+
+
+def weights_fingerprint(model_dir: str) -> str | None:
+    """sha256 over fixed rows of the embedding and LM-head matrices, rounded to bfloat16.
+
+    Tells two checkpoints of one architecture apart (a fine-tune drafts differently) in
+    milliseconds at launch: only ``WEIGHT_HASH_ROWS`` rows per matrix are read, and the
+    bfloat16 rounding makes an fp32 checkpoint and its bf16 copy agree. None when the
+    directory has no safetensors weights (a config-only directory for dummy weights).
+    """
+    from safetensors import safe_open
+
+    found: dict[str, torch.Tensor] = {}
+    for path in _weight_files(model_dir):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                key = next((k for k in _EMBED_NAMES if name.endswith(k)), None)
+                if key is None or key in found:
+                    continue
+                sl = f.get_slice(name)
+                rows, _ = sl.get_shape()
+                idx = sorted(
+                    {
+                        round(i * (rows - 1) / (WEIGHT_HASH_ROWS - 1))
+                        for i in range(WEIGHT_HASH_ROWS)
+                    }
+                )
+                found[key] = torch.cat([sl[i : i + 1] for i in idx]).to(torch.bfloat16)
+    if "embed_tokens.weight" not in found:
+        return None
+    h = hashlib.sha256()
+    for key in _EMBED_NAMES:
+        if key in found:
+            t = found[key].contiguous()
+            h.update(f"{key}:{tuple(t.shape)}".encode())
+            h.update(t.view(torch.int16).numpy().tobytes())
+    return h.hexdigest()
 
 
 def base_fingerprint(base_config: Any) -> str:
@@ -105,6 +165,10 @@ class ArtifactConfig:
     weights_dtype: str = "float16"
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    # the checkpoint class and :func:`weights_fingerprint` ("" / None: not recorded, as in
+    # artifacts exported before they were; then not checked)
+    base_architecture_name: str = ""
+    base_weights_hash: str | None = None
 
     @classmethod
     def for_base(
@@ -115,6 +179,7 @@ class ArtifactConfig:
         hidden_size: int,
         exit_layer: int,
         extra: dict[str, Any],
+        weights_hash: str | None = None,
     ) -> "ArtifactConfig":
         """The config of an artifact trained on ``base_config`` (fingerprint and fields filled in)."""
         return cls(
@@ -125,6 +190,8 @@ class ArtifactConfig:
             hidden_size=hidden_size,
             exit_layer=exit_layer,
             extra=extra,
+            base_architecture_name=architecture_name(base_config),
+            base_weights_hash=weights_hash,
         )
 
     def to_json(self) -> str:
@@ -169,6 +236,12 @@ def check_compatible(
             f"{where} does not match the base model: fingerprint {cfg.base_fingerprint[:12]} "
             f"(artifact) != {base_fingerprint(base_config)[:12]} (base model)"
         )
+    name = architecture_name(base_config)
+    if cfg.base_architecture_name and name and cfg.base_architecture_name != name:
+        raise ArtifactMismatchError(
+            f"{where} does not match the base model: it was trained on a "
+            f"{cfg.base_architecture_name} ({cfg.base_model!r}), the base model is a {name}"
+        )
     if cfg.hidden_size != base["hidden_size"]:
         raise ArtifactMismatchError(
             f"{where}: field 'hidden_size' is {cfg.hidden_size} in the artifact but "
@@ -182,6 +255,29 @@ def check_compatible(
         raise ArtifactMismatchError(
             f"{where}: field 'exit_layer' is {cfg.exit_layer} in the artifact but the server's "
             f"stage 0 ends after layer {exit_layer}"
+        )
+
+
+def check_weights_fingerprint(cfg: ArtifactConfig, model_dir: str, where: str = "artifact") -> None:
+    """The model's embedding / LM-head rows hash as the artifact's base model's did.
+
+    Same architecture, other weights (a fine-tune, another size of one config family) would
+    pass every config check and draft badly; this refuses it. Skipped when either side has no
+    hash (an artifact that does not record one, a model directory without weights)."""
+    if not cfg.base_weights_hash:
+        return
+    have = weights_fingerprint(model_dir)
+    if have is None:
+        logger.info(
+            "%s: %s has no safetensors weights; weights fingerprint not checked", where, model_dir
+        )
+        return
+    if have != cfg.base_weights_hash:
+        raise ArtifactMismatchError(
+            f"{where} does not match the base model's weights: it was trained on "
+            f"{cfg.base_model!r}, whose embedding / LM-head hash is {cfg.base_weights_hash[:12]}, "
+            f"but {model_dir} has {have[:12]} (same architecture, other weights: train a head "
+            "for this checkpoint)"
         )
 
 

@@ -13,6 +13,7 @@ Forward, for one request, at every token position ``p`` (all math in fp32)::
         a = RMSNorm_{layers.i.input_layernorm}(y)
         q, k, v = a Wq^T, a Wk^T, a Wv^T          # no bias (attention_bias of the base)
         q, k = RoPE(q, pos_p), RoPE(k, pos_p)     # Llama rotate-half RoPE, theta of the base;
+                                                  # (default RoPE whatever the base's scaling)
                                                   # pos_p = the token's position in the request
                                                   # (the same `positions` the base layers use)
         o_p = softmax(q_p K_{<=p}^T / sqrt(head_dim)) V_{<=p} Wo^T   # causal, GQA, own KV
@@ -75,10 +76,9 @@ class DraftHeadConfig:
     @classmethod
     def from_base(cls, base_config: Any, num_layers: int = 1) -> "DraftHeadConfig":
         f = architecture_fields(base_config)
-        if f["rope_type"] != "default":
-            raise ValueError(
-                f"draft head supports rope_type 'default' only, base has {f['rope_type']!r}"
-            )
+        # the head's own attention always uses the default RoPE with the base's theta (the
+        # base's scaling, e.g. Llama 3's "llama3", is not carried over; the SGLang head does
+        # the same: srt.draft_model._rope_args)
         return cls(
             hidden_size=f["hidden_size"],
             num_attention_heads=f["num_attention_heads"],
@@ -284,7 +284,9 @@ def save_draft_head(
     exit_layer: int,
     dtype: torch.dtype = torch.float16,
     metadata: dict | None = None,
+    weights_hash: str | None = None,
 ) -> ArtifactConfig:
+    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at launch)."""
     cfg = ArtifactConfig.for_base(
         KIND,
         base_config,
@@ -292,6 +294,7 @@ def save_draft_head(
         head.cfg.hidden_size,
         exit_layer,
         extra={"head": draft_head_config_dict(head.cfg), **(metadata or {})},
+        weights_hash=weights_hash,
     )
     save_artifact(path, cfg, head.state_dict(), dtype)
     return cfg

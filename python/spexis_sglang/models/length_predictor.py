@@ -174,7 +174,9 @@ def save_length_predictor(
     exit_layer: int,
     dtype: torch.dtype = torch.float16,
     metadata: dict | None = None,
+    weights_hash: str | None = None,
 ) -> ArtifactConfig:
+    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at launch)."""
     cfg = ArtifactConfig.for_base(
         KIND,
         base_config,
@@ -190,6 +192,7 @@ def save_length_predictor(
             "output": model.cfg.output,
             **(metadata or {}),
         },
+        weights_hash=weights_hash,
     )
     save_artifact(path, cfg, model.state_dict(), dtype)
     return cfg

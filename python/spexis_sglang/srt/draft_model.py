@@ -346,20 +346,14 @@ def resolve_draft_head(
 
 
 def _rope_args(config: Any) -> Dict[str, Any]:
-    """Mirror ``LlamaDecoderLayer``'s RoPE arguments (without mutating the shared config)."""
-    rope_parameters = getattr(config, "rope_parameters", None)
-    if rope_parameters is not None:
-        rope_theta = rope_parameters.get("rope_theta", 10000)
-        rope_scaling = dict(rope_parameters)
-    else:
-        rope_theta = getattr(config, "rope_theta", 10000)
-        rope_scaling = getattr(config, "rope_scaling", None)
-        rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
-    if rope_scaling is not None and getattr(config, "original_max_position_embeddings", None):
-        rope_scaling["original_max_position_embeddings"] = config.original_max_position_embeddings
+    """The head's RoPE: default (no scaling) with the base's theta, as the torch reference
+    (``models.draft_head``) trains it; for Gemma 3's per-layer-type parameters, the global
+    layers' theta."""
+    from spexis_sglang.models.artifact import architecture_fields
+
     return dict(
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
+        rope_theta=architecture_fields(config)["rope_theta"],
+        rope_scaling=None,
         rope_is_neox_style=getattr(config, "rope_is_neox_style", True),
         max_position_embeddings=getattr(config, "max_position_embeddings", 8192),
     )
@@ -672,6 +666,10 @@ def install_model_classes() -> None:
 
     for arch, cls in SPEXIS_MODEL_CLASSES.items():
         ModelRegistry.models[arch] = cls
+    if "Gemma3ForCausalLM" in ModelRegistry.models:  # not when its module is disabled
+        from spexis_sglang.srt.model_gemma3 import SpexisGemma3ForCausalLM
+
+        ModelRegistry.models["Gemma3ForCausalLM"] = SpexisGemma3ForCausalLM
 
 
 def spexis_tp_worker_class() -> type:

@@ -33,11 +33,24 @@ def _worker(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 2 or 2,4, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spexis_sglang.train",
-        description="Collect self-distillation data from the base model, train the Spexis draft heads and "
-        "length predictor, calibrate, evaluate (benchmark/results/quality.*) and export artifacts.",
+        description="Train a Spexis draft head and remaining-length predictor for a causal LM "
+        "(self-distillation: the model answers prompts itself), evaluate them and export "
+        "servable artifacts. Example: python -m spexis_sglang.train all --model-path DIR_OR_GGUF "
+        "--pp-size 2 --out DIR; then serve with --pp-size 2 --spexis-draft-head "
+        "DIR/draft-exit<L> --spexis-length-predictor DIR/length.",
     )
     p.add_argument(
         "step", choices=sorted(STEPS), help="pipeline step ('all' runs every step in order)"
@@ -46,26 +59,92 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         default="cpu",
         choices=sorted(pipeline.PRESETS),
-        help="size preset (default: cpu)",
+        help="size preset (default: cpu; gpu for a full run on one GPU)",
     )
     p.add_argument(
         "--model-path",
         default=None,
-        help="base model directory (default: the bundled SmolLM2-135M-Instruct)",
+        help="base model: an HF directory or a .gguf file (converted once into the cache); "
+        "default: the bundled SmolLM2-135M-Instruct",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="where the artifacts (draft-exit<L>/, length/) and report.{json,md} go "
+        "(default: <cache>/heads/<model>); never the installed package",
+    )
+    p.add_argument(
+        "--pp-size",
+        dest="pp_sizes",
+        type=_ints,
+        default=None,
+        help="pipeline split(s) to serve, e.g. 2 or 2,4: one draft head each, exiting after "
+        "stage 0's last layer as SGLang assigns layers (default: the preset's)",
+    )
+    p.add_argument(
+        "--exit-layer",
+        "--exits",
+        dest="exits",
+        type=_ints,
+        default=None,
+        help="draft-head exit layer(s), overriding --pp-size's (serve with "
+        "SGLANG_PP_LAYER_PARTITION so that stage 0 ends there)",
+    )
+    p.add_argument(
+        "--length-exit-layer",
+        dest="length_exit",
+        type=int,
+        default=None,
+        help="the length predictor's exit layer (default: the first draft-head exit)",
+    )
+    p.add_argument(
+        "--data",
+        dest="data_file",
+        default=None,
+        help="your prompts (JSONL of prompt / messages / ShareGPT conversations records, or a "
+        "ShareGPT JSON array) instead of the offline datasets; split 80/10/10 train/val/test",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        default=None,
+        help="re-train heads whose checkpoint is current (all resumes by default)",
+    )
+    p.add_argument(
+        "--update-shipped",
+        action="store_true",
+        default=None,
+        help="maintainers only: write the package's shipped SmolLM2 artifacts and "
+        "benchmark/results/quality.* (refused for any other model)",
     )
     p.add_argument(
         "--work-dir",
         default=None,
-        help="collected data and checkpoints (default: ~/.cache/spexis/train/<preset>)",
+        help="collected data and checkpoints (default: <out>/work)",
     )
     p.add_argument(
-        "--artifact-dir", default=None, help="where export writes draft-exit*/ and length/"
+        "--artifact-dir",
+        default=None,
+        help="where export writes draft-exit*/ and length/ (default: --out)",
     )
     p.add_argument(
-        "--results-dir", default=None, help="where evaluate writes quality.json/.md/_fig9.png"
+        "--results-dir", default=None, help="where evaluate writes the report (default: --out)"
     )
     p.add_argument(
-        "--results-stem", default=None, help="file name stem of the report (default: quality)"
+        "--results-stem", default=None, help="file name stem of the report (default: report)"
+    )
+    p.add_argument(
+        "--base-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="the base model's dtype in collect (default float32: exact labels; bfloat16 "
+        "halves the memory of a large model)",
+    )
+    p.add_argument(
+        "--train-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="draft-head training precision (default: bfloat16 autocast on a GPU, float32 on CPU)",
     )
     p.add_argument(
         "--prompts-file",
@@ -128,12 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (preset default)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 2)")
-    p.add_argument(
-        "--exits",
-        type=lambda s: tuple(int(x) for x in s.split(",")),
-        default=None,
-        help="draft-head exit layers, e.g. 15,7",
-    )
     p.add_argument("--n-train", type=int, default=None)
     p.add_argument("--n-val", type=int, default=None)
     p.add_argument("--n-sharegpt-test", type=int, default=None)
@@ -142,6 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--draft-epochs", type=int, default=None)
     p.add_argument("--draft-lr", type=float, default=None)
+    p.add_argument(
+        "--prompt-loss-weight",
+        type=float,
+        default=None,
+        help="draft loss weight of prompt rows (default 0.1; 0 trains on answer rows only, "
+        "about 3x cheaper on a CPU with a large vocabulary)",
+    )
+    p.add_argument(
+        "--kl-weight",
+        type=float,
+        default=None,
+        help="weight of the distillation term (KL to the base's next-token distribution; default 0.5)",
+    )
     p.add_argument("--length-epochs", type=int, default=None)
     p.add_argument(
         "--length-features",
@@ -164,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     overrides = {k: v for k, v in vars(args).items() if k not in ("step", "preset", "verbose")}
-    cfg = pipeline.make_config(args.preset, **overrides)
+    try:
+        cfg = pipeline.make_config(args.preset, **overrides)
+    except (ValueError, FileNotFoundError) as e:
+        build_parser().error(str(e))
     cfg.command = (
         pipeline.command_line()
         if argv is None

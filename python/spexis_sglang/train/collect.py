@@ -62,6 +62,9 @@ class CollectConfig:
     # who generates the greedy answers: "hf" (``generate``, per batch) or "sglang" (answers
     # made beforehand for the whole set by :func:`sglang_answers`; collect only teacher-forces)
     backend: str = "hf"
+    # dtype the hidden states are stored in: float16, or bfloat16 for a model whose residual
+    # stream leaves float16's range (Gemma's reaches ~1e5; :func:`storage_dtype` probes it)
+    store_dtype: str = "float16"
 
     def __post_init__(self) -> None:
         if not 0 <= self.worker < self.num_workers:
@@ -88,14 +91,26 @@ class BaseModel:
 
     @property
     def final_norm_weight(self) -> torch.Tensor:
-        return self.model.model.norm.weight
+        """The final norm's effective per-channel scale (Llama's ``w``, Gemma's ``1 + w``):
+        the norm of an all-ones row, which RMS-normalises to ones before the scale."""
+        norm = self.model.model.norm
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        param = next(norm.parameters())
+        with torch.no_grad():
+            ones = torch.ones(1, param.shape[0], dtype=torch.float32, device=param.device)
+            scale = (norm(ones)[0].float() * (1.0 + eps) ** 0.5).detach()
+        # Llama-style: exactly the stored weight (the rescaling above rounds)
+        return param if torch.allclose(scale, param.float(), rtol=1e-5, atol=1e-6) else scale
 
 
-def load_base_model(path: str, device: str = "cpu", name: str | None = None) -> BaseModel:
+def load_base_model(
+    path: str, device: str = "cpu", name: str | None = None, dtype: str = "float32"
+) -> BaseModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
     gen = model.generation_config
     eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
@@ -112,6 +127,11 @@ def load_base_model(path: str, device: str = "cpu", name: str | None = None) -> 
 
 
 def chat_ids(base: BaseModel, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt's token ids: the chat template, or for a base model without one the turns'
+    text joined by blank lines (what a user sends a base model through ``/generate``)."""
+    if not getattr(base.tokenizer, "chat_template", None):
+        text = "\n\n".join(m["content"] for m in messages)
+        return [int(t) for t in base.tokenizer(text)["input_ids"]]
     out = base.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
@@ -334,7 +354,11 @@ def sglang_answers(
 
 @torch.no_grad()
 def teacher_forced(
-    base: BaseModel, sequences: list[list[int]], exits: tuple[int, ...], chunk: int = 64
+    base: BaseModel,
+    sequences: list[list[int]],
+    exits: tuple[int, ...],
+    chunk: int = 64,
+    store_dtype: torch.dtype = torch.float16,
 ) -> list[dict[str, torch.Tensor]]:
     """One right-padded forward over full sequences: next tokens, exit and final hidden states."""
     device = next(base.model.parameters()).device
@@ -369,10 +393,10 @@ def teacher_forced(
         rec = {
             "tokens": ids[i, :n].to(torch.int32),
             "next": nxt[i, :n].to("cpu", torch.int32),
-            "final": final[i, :n].to("cpu", torch.float16),
+            "final": final[i, :n].to("cpu", store_dtype),
         }
         for layer_idx in exits:
-            rec[f"hidden_{layer_idx}"] = captured[layer_idx][i, :n].to("cpu", torch.float16)
+            rec[f"hidden_{layer_idx}"] = captured[layer_idx][i, :n].to("cpu", store_dtype)
         records.append(rec)
     return records
 
@@ -495,6 +519,7 @@ def collect(
                 "%s already collected (%d sequences); skipping", out_dir, len(meta["sequences"])
             )
             return meta
+    _drop_stale_shards(out_dir, cfg)
     # Drop prompts whose (first-round) template is too long; sort by length to limit padding.
     encoded = []
     not_answered = 0
@@ -567,7 +592,10 @@ def collect(
             else:
                 prompt_ids, gen = _generate_batch(base, batch, cfg)
             seqs = [pi + a for pi, (a, _) in zip(prompt_ids, gen)]
-            records = _halving(lambda ss: teacher_forced(base, ss, cfg.exits), seqs)
+            store = getattr(torch, cfg.store_dtype)
+            records = _halving(
+                lambda ss: teacher_forced(base, ss, cfg.exits, store_dtype=store), seqs
+            )
             for (p, _), pi, (a, finished), rec in zip(batch, prompt_ids, gen, records):
                 plen = len(pi)
                 # teacher-forced greedy vs the generated continuation (near-ties only)
@@ -675,12 +703,53 @@ def collect(
     return meta
 
 
+def _drop_stale_shards(out_dir: str, cfg: CollectConfig) -> None:
+    """Shards collected with other settings (answer cap, exits, storage dtype, ...) are not
+    resumed from: deleted, with a warning. The settings are kept in ``collect-config.json``."""
+    path = os.path.join(out_dir, "collect-config.json")
+    want = _jsonable(cfg)
+    if os.path.isfile(path):
+        with open(path) as f:
+            have = json.load(f)
+        if have != want:
+            stale = [
+                fn for fn in os.listdir(out_dir) if fn.startswith("shard-") or fn == "meta.json"
+            ]
+            logger.warning(
+                "%s: %d files were collected with other settings; collecting again",
+                out_dir,
+                len(stale),
+            )
+            for fn in stale:
+                os.remove(os.path.join(out_dir, fn))
+    with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+        json.dump(want, f)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
 def _jsonable(cfg: CollectConfig) -> dict:
     """What the data depends on (not how the work was split)."""
     d = json.loads(json.dumps(asdict(cfg)))
     for k in ("worker", "num_workers", "deadline", "allow_partial"):
         d.pop(k)
+    if d.get("store_dtype") == "float16":  # the default: sets collected before it still match
+        d.pop("store_dtype")
     return d
+
+
+# what float16 storage may hold with room to spare (its largest finite value is 65504;
+# SmolLM2-135M peaks near 2.5e4 on its first token, Gemma 3 270M near 8e4)
+FLOAT16_SAFE = 2.0**15
+
+
+def storage_dtype(base: BaseModel, exits: tuple[int, ...]) -> str:
+    """float16, unless a probe's exit or final hidden states leave float16's safe range."""
+    ids = chat_ids(base, [{"role": "user", "content": "Explain in detail how a city works."}])
+    rec = teacher_forced(base, [ids], exits, store_dtype=torch.float32)[0]
+    peak = max(float(v.abs().max()) for k, v in rec.items() if k.startswith(("hidden_", "final")))
+    dtype = "float16" if peak < FLOAT16_SAFE else "bfloat16"
+    logger.info("hidden states peak at %.3g on a probe: stored as %s", peak, dtype)
+    return dtype
 
 
 @dataclass

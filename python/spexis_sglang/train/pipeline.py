@@ -1,7 +1,11 @@
 """The training pipeline: collect -> train-draft -> train-length -> calibrate -> evaluate -> export.
 
-Every step reads what the previous ones wrote under ``work_dir`` (default
-``~/.cache/spexis/train/<preset>``), so steps can be re-run one at a time.
+Any causal LM SGLang serves: the draft head's exit layer is stage 0's last layer for each
+``--pp-size`` split, as SGLang assigns layers (:func:`stage0_layers`). Every step reads what the
+previous ones wrote under ``work_dir`` (default ``<out>/work``), so steps can be re-run one at
+a time and ``all`` resumes. Artifacts and the report go to ``out`` (default
+``<cache>/heads/<model>``), never into the installed package: only ``update_shipped`` (the
+maintainer's ``--update-shipped``) rebuilds the shipped SmolLM2 artifacts.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from spexis_sglang.data.splits import deterministic_sample, source_split, traini
 
 logger = logging.getLogger(__name__)
 
-MODEL_ID = "SmolLM2-135M-Instruct"
-ARTIFACT_SUBDIR = "smollm2-135m-instruct"
+# the shipped artifacts' model (only --update-shipped writes them)
+SHIPPED_MODEL_ID = "SmolLM2-135M-Instruct"
+SHIPPED_SUBDIR = "smollm2-135m-instruct"
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+SHIPPED_ARTIFACTS = os.path.join(_PKG_DIR, "artifacts")
+# the default model's depth: stands in for a model path that is a placeholder ("-")
+_DEFAULT_MODEL_LAYERS = 30
 # the length predictor's recipe (benchmark/results/length_predictor_cpu_study.md)
 # (features are off: no gain on the CPU data; --length-features tokens_generated,prompt_len)
 LENGTH_FEATURES: tuple[str, ...] = ()
@@ -37,17 +45,31 @@ LENGTH_MASK = "window"
 @dataclass
 class PipelineConfig:
     preset: str = "cpu"
-    model_path: str = ""
-    model_id: str = MODEL_ID
-    work_dir: str = ""
-    artifact_dir: str = os.path.join(_PKG_DIR, "artifacts", ARTIFACT_SUBDIR)
-    results_dir: str = os.path.join(_REPO_DIR, "benchmark", "results")
-    results_stem: str = "quality"
+    model_path: str = ""  # a model directory or a .gguf (converted into the cache)
+    model_id: str = ""  # recorded in the artifacts (default: the model directory's name)
+    # the user's directory: artifacts (draft-exit<L>/, length/) and report.{json,md,png};
+    # default <cache>/heads/<model>
+    out: str = ""
+    work_dir: str = ""  # collected data and checkpoints (default <out>/work)
+    artifact_dir: str = ""  # default: out
+    results_dir: str = ""  # default: out
+    results_stem: str = ""  # default "report" ("quality" with update_shipped)
+    # the maintainer's switch: write the shipped SmolLM2 artifacts and benchmark/results
+    update_shipped: bool = False
     device: str = "cpu"
     seed: int = 0
     threads: int = 2
-    exits: tuple[int, ...] = (15, 7)
-    length_exit: int = 15
+    # pipeline splits to serve: one draft head per split, at stage 0's last layer
+    pp_sizes: tuple[int, ...] = (2,)
+    exits: tuple[int, ...] = ()  # explicit exit layers (default: from pp_sizes)
+    length_exit: int = 0  # the length predictor's exit (default: the first exit)
+    # the user's prompts (JSONL / ShareGPT JSON: data.user) instead of the offline datasets
+    data_file: str = ""
+    # the base model's dtype in collect's teacher-forced pass (float32: the labels are exact)
+    base_dtype: str = "float32"
+    # the draft head's training precision ("": bfloat16 autocast on a GPU, float32 on CPU)
+    train_dtype: str = ""
+    force: bool = False  # ``all`` re-trains a head / predictor whose checkpoint is current
     # data
     n_train: int = 160
     n_val: int = 32
@@ -109,6 +131,7 @@ class PipelineConfig:
 
 # one H200: the shipped artifacts (preset "gpu"; "gpu-long" starts from it)
 _GPU: dict = dict(
+    pp_sizes=(2, 4),
     device="cuda",
     threads=8,
     n_train=5000,
@@ -128,6 +151,7 @@ _GPU: dict = dict(
 PRESETS: dict[str, dict] = {
     # fits this shared 2-core CPU box: ~30 min collect, ~15 min train (a small reproduction)
     "cpu": dict(
+        pp_sizes=(2, 4),
         n_train=120,
         n_val=24,
         n_sharegpt_test=24,
@@ -169,6 +193,7 @@ PRESETS: dict[str, dict] = {
     },
     # the gpu-long recipe at unit-test size (CPU dry runs of the two-call flow)
     "tiny-long": dict(
+        pp_sizes=(2, 4),
         train_counts={"sharegpt": 6, "gsm8k": 1, "alpaca_eval": 1, "humaneval": 1, "arena_hard": 1},
         n_val=4,
         n_sharegpt_test=4,
@@ -184,6 +209,7 @@ PRESETS: dict[str, dict] = {
     ),
     # unit tests / smoke runs
     "tiny": dict(
+        pp_sizes=(2, 4),
         n_train=8,
         n_val=4,
         n_sharegpt_test=4,
@@ -196,6 +222,52 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def stage0_layers(num_layers: int, pp_size: int) -> int:
+    """Layers of pipeline stage 0 (its exit layer) as SGLang 0.5.17's ``get_pp_indices``
+    assigns them: ``SGLANG_PP_LAYER_PARTITION`` if set, else an even split whose last
+    ``num_layers % pp_size`` stages get one layer more (tests compare it with SGLang's)."""
+    if pp_size < 1 or num_layers < pp_size:
+        raise ValueError(f"cannot split {num_layers} layers over {pp_size} pipeline stages")
+    partition = os.environ.get("SGLANG_PP_LAYER_PARTITION")
+    if partition:
+        parts = [int(x) for x in partition.split(",")]
+        if len(parts) != pp_size or sum(parts) != num_layers:
+            raise ValueError(
+                f"SGLANG_PP_LAYER_PARTITION={partition} does not split {num_layers} layers "
+                f"over {pp_size} stages"
+            )
+        return parts[0]
+    return num_layers // pp_size  # the extra layers go to the last stages
+
+
+def partition_for(num_layers: int, pp_size: int, exit_layer: int) -> str:
+    """A ``SGLANG_PP_LAYER_PARTITION`` value whose stage 0 ends at ``exit_layer``."""
+    rest = num_layers - exit_layer
+    if pp_size < 2 or rest < pp_size - 1:
+        return ""
+    base, extra = divmod(rest, pp_size - 1)
+    parts = [exit_layer] + [
+        base + (1 if i >= pp_size - 1 - extra else 0) for i in range(pp_size - 1)
+    ]
+    return ",".join(str(p) for p in parts)
+
+
+def _model_config(model_path: str) -> dict:
+    """The model's config.json (its text config for multimodal checkpoints); {} if unreadable."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if "num_hidden_layers" not in data and isinstance(data.get("text_config"), dict):
+        return data["text_config"]
+    return data
+
+
+def model_slug(model_path: str) -> str:
+    return os.path.basename(os.path.normpath(model_path)).lower() or "model"
+
+
 def make_config(preset: str = "cpu", **overrides) -> PipelineConfig:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
@@ -205,11 +277,78 @@ def make_config(preset: str = "cpu", **overrides) -> PipelineConfig:
         from spexis_sglang.default_model import ensure_default_model
 
         cfg.model_path = ensure_default_model()
-    if not cfg.work_dir:
-        from spexis_sglang.default_model import cache_root
+    elif cfg.model_path != "-":
+        from spexis_sglang.convert import resolve_model_path
 
-        cfg.work_dir = os.path.join(cache_root(), "train", cfg.preset)
+        cfg.model_path = resolve_model_path(cfg.model_path)
+    num_layers = _model_config(cfg.model_path).get("num_hidden_layers", _DEFAULT_MODEL_LAYERS)
+    if not cfg.exits:
+        cfg.exits = tuple(dict.fromkeys(stage0_layers(num_layers, n) for n in cfg.pp_sizes))
+    for ex in cfg.exits + ((cfg.length_exit,) if cfg.length_exit else ()):
+        if not 0 < ex < num_layers:
+            raise ValueError(
+                f"exit layer {ex} is outside 1..{num_layers - 1} ({num_layers} layers)"
+            )
+    if not cfg.length_exit:
+        cfg.length_exit = cfg.exits[0]
+    for ex in cfg.exits:
+        if all(ex != stage0_layers(num_layers, n) for n in cfg.pp_sizes):
+            hint = partition_for(num_layers, cfg.pp_sizes[0], ex)
+            cfg.notes.append(
+                f"exit layer {ex} is not stage 0's last layer for --pp-size "
+                f"{','.join(map(str, cfg.pp_sizes))}: serve it with SGLANG_PP_LAYER_PARTITION="
+                f"{hint or '...'}"
+            )
+            logger.warning(cfg.notes[-1])
+    _resolve_outputs(cfg)
     return cfg
+
+
+def _check_shipped_model(model_path: str, shipped: str) -> None:
+    """--update-shipped: the model is the one the shipped artifacts were trained for."""
+    from spexis_sglang.models.artifact import architecture_fields, read_artifact_config
+
+    base = _model_config(model_path)
+    if not base:
+        return  # a placeholder path: nothing is trained or exported with it
+    want = read_artifact_config(os.path.join(shipped, "length")).base_architecture
+    try:
+        have = architecture_fields(base)
+    except (TypeError, ValueError, KeyError):
+        have = {}
+    if any(have.get(k) != v for k, v in want.items()):
+        raise ValueError(
+            f"--update-shipped: {model_path} is not {SHIPPED_MODEL_ID} (the shipped artifacts' "
+            "model); train into --out instead"
+        )
+
+
+def _resolve_outputs(cfg: PipelineConfig) -> None:
+    """Where artifacts, the report and the work go; refuses the package unless update_shipped."""
+    from spexis_sglang.default_model import cache_root
+
+    shipped = os.path.join(SHIPPED_ARTIFACTS, SHIPPED_SUBDIR)
+    if cfg.update_shipped:
+        _check_shipped_model(cfg.model_path, shipped)
+        cfg.model_id = cfg.model_id or SHIPPED_MODEL_ID
+        cfg.artifact_dir = cfg.artifact_dir or shipped
+        cfg.results_dir = cfg.results_dir or os.path.join(_REPO_DIR, "benchmark", "results")
+        cfg.results_stem = cfg.results_stem or "quality"
+        cfg.work_dir = cfg.work_dir or os.path.join(cache_root(), "train", cfg.preset)
+        return
+    cfg.model_id = cfg.model_id or os.path.basename(os.path.normpath(cfg.model_path))
+    if not cfg.out:
+        cfg.out = os.path.join(cache_root(), "heads", model_slug(cfg.model_path))
+    cfg.artifact_dir = cfg.artifact_dir or cfg.out
+    cfg.results_dir = cfg.results_dir or cfg.out
+    cfg.results_stem = cfg.results_stem or "report"
+    cfg.work_dir = cfg.work_dir or os.path.join(cfg.out, "work")
+    inside = os.path.realpath(cfg.artifact_dir) + os.sep
+    if inside.startswith(os.path.realpath(SHIPPED_ARTIFACTS) + os.sep):
+        raise ValueError(
+            f"{cfg.artifact_dir} is inside the package's shipped artifacts; only "
+            "--update-shipped (a maintainer rebuilding them) writes there"
+        )
 
 
 def _data_dir(cfg: PipelineConfig, name: str) -> str:
@@ -273,10 +412,12 @@ _BASE_CACHE: dict = {}
 def base_model(cfg: PipelineConfig):
     from spexis_sglang.train.collect import load_base_model
 
-    key = (cfg.model_path, cfg.device)
+    key = (cfg.model_path, cfg.device, cfg.base_dtype)
     if key not in _BASE_CACHE:
         _BASE_CACHE.clear()
-        _BASE_CACHE[key] = load_base_model(cfg.model_path, cfg.device, name=cfg.model_id)
+        _BASE_CACHE[key] = load_base_model(
+            cfg.model_path, cfg.device, name=cfg.model_id, dtype=cfg.base_dtype
+        )
     return _BASE_CACHE[key]
 
 
@@ -284,6 +425,12 @@ def data_sets(cfg: PipelineConfig) -> dict[str, list]:
     """The prompt sets collect runs, each from fixed seeded splits (or from ``prompts_file``)."""
     if cfg.prompts_file and os.path.isfile(cfg.prompts_file):
         return read_prompt_sets(cfg.prompts_file)
+    if cfg.data_file:
+        from spexis_sglang.data.user import read_user_prompts, split_user_prompts
+
+        split = split_user_prompts(read_user_prompts(cfg.data_file), cfg.seed)
+        caps = {"train": cfg.n_train, "val": cfg.n_val, "user_test": cfg.n_sharegpt_test}
+        return {k: deterministic_sample(v, caps[k], cfg.seed, k) for k, v in split.items()}
     sets = {
         "train": training_prompts(cfg.n_train, "train", cfg.seed, counts=cfg.train_counts),
         "val": training_prompts(cfg.n_val, "val", cfg.seed),
@@ -343,7 +490,7 @@ def step_prompts(cfg: PipelineConfig) -> dict:
 
 
 def step_collect(cfg: PipelineConfig) -> dict:
-    from spexis_sglang.train.collect import CollectConfig, collect
+    from spexis_sglang.train.collect import CollectConfig, collect, storage_dtype
 
     _setup(cfg)
     t0 = time.time()
@@ -361,6 +508,7 @@ def step_collect(cfg: PipelineConfig) -> dict:
         deadline=cfg.collect_deadline,
         allow_partial=cfg.collect_allow_partial,
         backend=cfg.collect_backend,
+        store_dtype=storage_dtype(base, tuple(sorted(set(cfg.exits) | {cfg.length_exit}))),
     )
     if ccfg.backend == "sglang" and num_workers > 1:
         raise ValueError("--collect-backend sglang: one collect process (the server batches)")
@@ -474,6 +622,11 @@ def step_train_draft(cfg: PipelineConfig, exits: tuple[int, ...] | None = None) 
     out = {}
     for ex in exits or cfg.exits:
         t0 = time.time()
+        key = _train_key(cfg, "draft", ex)
+        done = _current_checkpoint(cfg, f"draft-exit{ex}.pt", key)
+        if done is not None:
+            out[ex] = done
+            continue
         keys = (f"hidden_{ex}", "next", "final")
         train, val = _load(cfg, "train", keys), _load(cfg, "val", keys)
         head = new_draft_head(base.config, base.final_norm_weight, cfg.head_layers, cfg.seed)
@@ -487,10 +640,13 @@ def step_train_draft(cfg: PipelineConfig, exits: tuple[int, ...] | None = None) 
             prompt_loss_weight=cfg.prompt_loss_weight,
             seed=cfg.seed,
             device=cfg.device,
+            dtype=_train_dtype(cfg),
         )
         head, info = train_draft_head(head, train, val, base.lm_head_weight, tcfg)
         info["train_tokens"] = int(sum(m["length"] for m in train.meta))
         info["train_sequences"] = len(train)
+        info["tokens_per_second"] = info["train_tokens"] * cfg.draft_epochs / info["seconds"]
+        info["key"] = key
         os.makedirs(_ckpt(cfg, ""), exist_ok=True)
         torch.save(
             {"state": head.cpu().state_dict(), "num_layers": cfg.head_layers, "info": info},
@@ -499,6 +655,46 @@ def step_train_draft(cfg: PipelineConfig, exits: tuple[int, ...] | None = None) 
         _record_time(cfg, f"train-draft-exit{ex}", time.time() - t0)
         out[ex] = info
     return out
+
+
+def _train_dtype(cfg: PipelineConfig) -> str:
+    return cfg.train_dtype or ("float32" if cfg.device == "cpu" else "bfloat16")
+
+
+def _train_key(cfg: PipelineConfig, what: str, exit_layer: int) -> str:
+    """What a checkpoint depends on: the training settings and the data (a resumed ``all``
+    skips a step whose checkpoint has the same key)."""
+    names = {
+        "draft": ("head_layers", "draft_epochs", "draft_lr", "batch_tokens", "kl_weight"),
+        "length": ("length_epochs", "length_lr", "length_batch_rows", "length_features"),
+    }[what]
+    names += ("prompt_loss_weight", "seed", "length_output", "length_mask", "length_source")
+    data = {}
+    for name in ("train", "val"):
+        p = os.path.join(_data_dir(cfg, name), "meta.json")
+        if os.path.isfile(p):
+            with open(p) as f:
+                m = json.load(f)
+            data[name] = [m.get("n_tokens"), m.get("n_answer_tokens"), m.get("config")]
+    blob = {n: getattr(cfg, n) for n in names} | {"exit": exit_layer, "data": data}
+    blob["train_dtype"] = _train_dtype(cfg) if what == "draft" else ""
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _current_checkpoint(cfg: PipelineConfig, name: str, key: str) -> dict | None:
+    """The info of checkpoint ``name`` if it was trained with ``key`` (and not ``force``)."""
+    path = _ckpt(cfg, name)
+    if cfg.force or not os.path.isfile(path):
+        return None
+    info = torch.load(path, map_location="cpu").get("info", {})
+    if info.get("key") != key:
+        return None
+    logger.info("%s is current (same settings and data); skipped (--force re-trains)", path)
+    return info
+
+
+def _n_layers(base) -> int:
+    return int(base.config.num_hidden_layers)
 
 
 def _load_head(cfg: PipelineConfig, ex: int):
@@ -517,6 +713,10 @@ def step_train_length(cfg: PipelineConfig) -> dict:
 
     _setup(cfg)
     t0 = time.time()
+    key = _train_key(cfg, "length", cfg.length_exit)
+    done = _current_checkpoint(cfg, _tagged(cfg, "length.pt"), key)
+    if done is not None:
+        return done
     base = base_model(cfg)
     keys = (_lkey(cfg),)
     rows = length_rows(_load(cfg, "train", keys), _lkey(cfg))
@@ -545,6 +745,7 @@ def step_train_length(cfg: PipelineConfig) -> dict:
         ),
         val,
     )
+    info["key"] = key
     os.makedirs(_ckpt(cfg, ""), exist_ok=True)
     torch.save(
         {
@@ -656,7 +857,7 @@ def usable_eval_set(cfg: PipelineConfig, name: str, warn: bool = True) -> bool:
         elif not m.get("sequences"):
             why = "empty"
     # other_test is optional (n_other_test = 0): its absence is no news
-    if why and warn and not (name == "other_test" and why == "not collected"):
+    if why and warn and not (name in ("other_test", "user_test") and why == "not collected"):
         logger.warning("evaluation set %s is %s: skipped", name, why)
     return not why
 
@@ -667,7 +868,14 @@ def _eval_sets(cfg: PipelineConfig) -> dict[str, str]:
         "SpecBench-like": "specbench",
         "ArenaHard+HumanEval": "other_test",
     }
+    if cfg.data_file:
+        sets = {"Your prompts": "user_test"}
     return {k: v for k, v in sets.items() if usable_eval_set(cfg, v)}
+
+
+def _draft_eval_set(cfg: PipelineConfig) -> str:
+    """The set draft acceptance is reported on (per category)."""
+    return "user_test" if cfg.data_file else "specbench"
 
 
 def step_evaluate(cfg: PipelineConfig) -> dict:
@@ -686,14 +894,19 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
     n_layers = base.config.num_hidden_layers
     results: dict = {
         "base_model": cfg.model_id,
-        "model_short": "S135",
+        "model_short": cfg.model_id,
         "draft": {},
         "notes": list(cfg.notes),
     }
+    if not getattr(base.tokenizer, "chat_template", None):
+        results["notes"].append(
+            "no chat template: prompts went to the model as the turns' text joined by blank lines"
+        )
     eval_keys = tuple(f"hidden_{e}" for e in sorted(set(cfg.exits) | {cfg.length_exit}))
     eval_keys += ("next", _lkey(cfg))
     eval_sets = _eval_sets(cfg)
-    spec = _load(cfg, "specbench", eval_keys) if "specbench" in eval_sets.values() else None
+    main = _draft_eval_set(cfg)
+    spec = _load(cfg, main, eval_keys) if main in eval_sets.values() else None
     for ex in cfg.exits if spec is not None else ():
         head, info = _load_head(cfg, ex)
         pred = draft_predictions(head, spec, ex, base.lm_head_weight, cfg.device)
@@ -705,7 +918,10 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
             cfg.rank_batch,
             seed=cfg.seed,
         )
-        stages = max(2, round(n_layers / ex))
+        stages = next(
+            (n for n in cfg.pp_sizes if stage0_layers(n_layers, n) == ex),
+            max(2, round(n_layers / ex)),
+        )
         frac = {2: "1/2", 4: "1/4"}.get(stages, f"1/{stages}")
         capped_acc = {
             f"acceptance{suffix}": acceptance_by_category(
@@ -748,7 +964,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
         "training": {k: v for k, v in linfo.items() if k != "history"},
     }
     for label, name in eval_sets.items():
-        data = spec if name == "specbench" else _load(cfg, name, (_lkey(cfg),))
+        data = spec if name == main else _load(cfg, name, (_lkey(cfg),))
         rows = length_rows(data, _lkey(cfg))
         probs = predict_probs(model, rows, cfg.device).numpy()
         for key, mask in (("eval", lp["mask"]), ("eval_known_mask", "known")):
@@ -792,7 +1008,7 @@ def step_evaluate(cfg: PipelineConfig) -> dict:
 
 def _data_summary(cfg: PipelineConfig) -> dict:
     out = {}
-    for name in ("train", "val", "sharegpt_test", "specbench", "other_test"):
+    for name in ("train", "val", "sharegpt_test", "specbench", "other_test", "user_test"):
         p = os.path.join(_data_dir(cfg, name), "meta.json")
         if os.path.isfile(p):
             with open(p) as f:
@@ -823,12 +1039,18 @@ def step_export(cfg: PipelineConfig) -> dict:
     if os.path.isfile(ev_path):
         with open(ev_path) as f:
             ev = json.load(f)
+    from spexis_sglang.models.artifact import weights_fingerprint
+
     provenance = {
         "preset": cfg.preset,
         "seed": cfg.seed,
         "command": cfg.command,
         "exported": time.strftime("%Y-%m-%d"),
     }
+    weights_hash = weights_fingerprint(cfg.model_path)
+    report = os.path.join(cfg.results_dir, f"{cfg.results_stem}.md")
+    # where the report lies, relative to the artifact directory (it travels with it)
+    report = os.path.relpath(report, cfg.artifact_dir) if os.path.isfile(report) else None
     written = {}
     for ex in cfg.exits:
         head, info = _load_head(cfg, ex)
@@ -846,8 +1068,10 @@ def step_export(cfg: PipelineConfig) -> dict:
                 else {}
             ),
             "provenance": provenance,
+            "pp_sizes": [n for n in cfg.pp_sizes if stage0_layers(_n_layers(base), n) == ex],
+            "report": report,
         }
-        save_draft_head(d, head, base.config, cfg.model_id, ex, torch.float16, meta)
+        save_draft_head(d, head, base.config, cfg.model_id, ex, torch.float16, meta, weights_hash)
         load_draft_head(d, base.config, exit_layer=ex)  # round trip check
         written[f"draft-exit{ex}"] = d
     if cfg.length_source == "final":
@@ -864,8 +1088,11 @@ def step_export(cfg: PipelineConfig) -> dict:
         "target_precision": cfg.target_precision,
         "label_mask": lp.get("mask", cfg.length_mask),
         "provenance": provenance,
+        "report": report,
     }
-    save_length_predictor(d, model, base.config, cfg.model_id, cfg.length_exit, torch.float16, meta)
+    save_length_predictor(
+        d, model, base.config, cfg.model_id, cfg.length_exit, torch.float16, meta, weights_hash
+    )
     load_length_predictor(d, base.config, exit_layer=cfg.length_exit)
     written["length"] = d
     sums = []

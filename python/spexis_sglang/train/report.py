@@ -36,7 +36,8 @@ def acceptance_by_category(pred: dict[str, torch.Tensor], meta: list[dict]) -> d
             "rows": int(sel.sum()),
             "sequences": int(len(set(pred["seq"].numpy()[sel]))),
         }
-    present = [c for c in CATEGORIES if c in out]
+    # the evaluation mix's categories, or (the user's prompts) every category present
+    present = [c for c in CATEGORIES if c in out] or list(out)
     out["avg"] = {
         "acceptance": (
             float(np.mean([out[c]["acceptance"] for c in present])) if present else float("nan")
