@@ -123,9 +123,11 @@ class SpexisScheduler(
     def init_tp_model_worker(self):
         if not self.spexis_config.enabled:
             return super().init_tp_model_worker()
-        from spexis_sglang.srt.draft_model import spexis_tp_worker_class
+        # the worker's model runner grows stage 0's KV pool by the head's layers (imported
+        # here: draft_runner pulls in SGLang's model runner)
+        from spexis_sglang.srt.draft_runner import SpexisTpModelWorker
 
-        self.tp_worker = spexis_tp_worker_class()(
+        self.tp_worker = SpexisTpModelWorker(
             server_args=self.server_args,
             gpu_id=self.ps.gpu_id,
             ps=self.ps,
