@@ -99,7 +99,7 @@ def test_transit_outputs_go_rows_first():
 
     activate()
     from spexis_sglang.srt.protocol import PROXY_DRAFT_IDS
-    from spexis_sglang.srt.sp_scheduler import _TransitOutputs
+    from spexis_sglang.srt.sp_records import TransitOutputs as _TransitOutputs
 
     ring = HostReadback("cpu", depth=2)
     tensors = {

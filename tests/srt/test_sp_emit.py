@@ -21,6 +21,7 @@ from sglang.srt.managers.scheduler_components.output_streamer import (
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+from spexis_sglang.srt.protocol import FORCED_LABEL
 from spexis_sglang.srt.sp_emit import SlotEmit, emit_batch, stop_token_ids
 from spexis_sglang.srt.sp_forced import ForcedAcceptance
 
@@ -60,7 +61,6 @@ def _random_req(rng: random.Random, k: int, all_ignore_eos: bool = False) -> Req
         vocab_size=VOCAB,
     )
     req.tokenizer = tokenizer
-    req.spexis_forced_labels = ([], 0.5)
     for _ in range(rng.randint(0, 3)):
         req.output_ids.append(rng.randrange(5, VOCAB))
     return req
@@ -100,8 +100,12 @@ def test_emit_batch_matches_the_per_request_path(seed, all_ignore_eos):
     slots = np.array(rng.sample(range(64), n), dtype=np.int64)
     prompt = np.array([len(r.origin_input_ids) for r in reqs], dtype=np.int64)
     verified = prompt + [len(r.output_ids) for r in reqs]
+    # the benchmark mode's per-token tags ride along (kept by slot)
+    forced = ForcedAcceptance(capacity=64, seed=0, default_theta=0.5, vocab_size=VOCAB)
     for s, r, v in zip(slots.tolist(), reqs, verified.tolist()):
         emit.admit(s, r, v)
+        r.req_pool_idx = s
+        forced.label(r)
     for step in range(14):
         live = [k for k, r in enumerate(reqs) if not r.finished()]
         if not live:
@@ -127,7 +131,7 @@ def test_emit_batch_matches_the_per_request_path(seed, all_ignore_eos):
             ref_stream.append(req.finished() or _would_stream(copy.deepcopy(req)))
         got = [reqs[k] for k in rows]
         finished, to_stream = emit_batch(
-            emit, got, slots[rows], tokens, positions, 1.0 + step, ForcedAcceptance.top_up
+            emit, got, slots[rows], tokens, positions, 1.0 + step, forced.top_up
         )
         acted = {id(r) for r in finished} | {id(r) for r in to_stream}
         for a, b in zip(ref, got):
@@ -151,7 +155,7 @@ def test_emit_batch_matches_the_per_request_path(seed, all_ignore_eos):
         streamed = {id(r) for r in to_stream}
         for req in to_stream:  # what only the stream reads is up to date when it streams
             assert req.time_stats.last_decode_finish_time == 1.0 + step
-            assert len(req.spexis_forced_labels[0]) == len(req.output_ids)
+            assert len(req.customized_info[FORCED_LABEL]) == len(req.output_ids)
         for req, want in zip(got, ref_stream):
             if want:
                 assert id(req) in streamed, "a request SGLang would stream was left out"

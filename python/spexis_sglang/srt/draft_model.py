@@ -672,17 +672,6 @@ def install_model_classes() -> None:
         ModelRegistry.models["Gemma3ForCausalLM"] = SpexisGemma3ForCausalLM
 
 
-def spexis_tp_worker_class() -> type:
-    """The TP worker class whose model runner grows stage 0's KV pool for the head's layers.
-
-    Build it in ``Scheduler.init_tp_model_worker`` with the stock keyword arguments. Imported
-    lazily: ``draft_runner`` pulls in SGLang's scheduler and model runner.
-    """
-    from spexis_sglang.srt.draft_runner import SpexisTpModelWorker
-
-    return SpexisTpModelWorker
-
-
 def draft_num_layers(model: nn.Module) -> int:
     """Number of draft-head KV layers ``model`` needs in this rank's pool (0 if none)."""
     return int(getattr(model, "spexis_draft_num_layers", 0) or 0)
@@ -704,5 +693,4 @@ __all__: List[str] = [
     "load_artifact",
     "random_draft_head_weights",
     "resolve_draft_head",
-    "spexis_tp_worker_class",
 ]

@@ -33,9 +33,7 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.managers.scheduler_components.output_streamer import (
-    DEFAULT_FORCE_STREAM_INTERVAL,
-)
+from sglang.srt.managers.scheduler_components.output_streamer import DEFAULT_FORCE_STREAM_INTERVAL
 
 from spexis_sglang.srt.sp_penalties import needs_penalizer
 

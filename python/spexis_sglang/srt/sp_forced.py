@@ -12,7 +12,7 @@ Outputs in this mode are not the model's: every token is labelled (``FORCED_LABE
 from __future__ import annotations
 
 import zlib
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 from sglang.srt.managers.schedule_batch import Req
@@ -72,6 +72,8 @@ class ForcedAcceptance:
         # the same draw in fewer passes (row_hash.below64): hash key and Θ * 2**64 per slot
         self._key = np.zeros(capacity, dtype=np.uint64)
         self._threshold = np.zeros(capacity, dtype=np.float64)
+        # per slot: the request's tag list (its customized_info entry) and its theta
+        self._labels = np.full(capacity, None, dtype=object)
 
     def theta(self, req: Req) -> float:
         """The request's Θ: its ``custom_params`` value (validated on arrival), else the
@@ -105,25 +107,24 @@ class ForcedAcceptance:
 
     def label(self, req: Req) -> None:
         """Tag every output token so the client sees it came from forced acceptance (on
-        admission: the tokens so far)."""
+        admission: the tokens so far). The tag list is SGLang's ``customized_info`` entry; the
+        list and the request's Θ are kept by slot for the per-token tags that follow."""
         if req.customized_info is None:
             req.customized_info = {}
         values = req.customized_info.setdefault(FORCED_LABEL, [])
         values.extend([float(self._theta[req.req_pool_idx])] * (len(req.output_ids) - len(values)))
-        req.spexis_forced_labels = (values, values[-1] if values else self.theta(req))
+        self._labels[req.req_pool_idx] = (values, values[-1] if values else self.theta(req))
 
-    @staticmethod
-    def label_one(req: Req) -> None:
+    def label_one(self, req: Req) -> None:
         """Tag the token just committed (after :meth:`label` on admission)."""
-        values, theta = req.spexis_forced_labels
+        values, theta = self._labels[req.req_pool_idx]
         values.append(theta)
 
-    @staticmethod
-    def top_up(req: Req) -> None:
+    def top_up(self, req: Req) -> None:
         """Tag every token committed since the last tag (after :meth:`label` on admission):
         the labels are read only when the request's output is streamed, so the SP loop's fast
         path tags them then, not per token."""
-        values, theta = req.spexis_forced_labels
+        values, theta = self._labels[req.req_pool_idx]
         missing = len(req.output_ids) - len(values)
         if missing > 0:
             values.extend([theta] * missing)

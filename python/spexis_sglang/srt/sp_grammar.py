@@ -225,14 +225,14 @@ def draft_masking_enabled(config, server_args) -> bool:
 
 def set_decode_masks(
     batch, positions, row_drafts, *, vocab_size: int, sampling_rank: bool, draft_rank: bool
-) -> None:
+) -> bool:
     """Give an SP decode batch (launched; ``positions[i]`` is row ``i``'s, its request
     ``batch.reqs[i]``) its grammar masks.
 
     ``row_drafts(i)`` are the launched, unverified drafts row ``i`` is built on
     (``SlotState.draft_tokens``). On the sampling rank the masks replace the sampler's own and
-    the batch asks for its drafts' real values (the next batch's rows are built on them); on
-    stage 0 they go to the draft head.
+    the batch needs its drafts' real values (the next batch's rows are built on them: the
+    return value); on stage 0 they go to the draft head.
     """
     grammars: List[Optional[BaseGrammarObject]] = []
     drafts: List[Sequence[int]] = []
@@ -252,7 +252,7 @@ def set_decode_masks(
         drafts.append(drafts_i)
     mask = row_masks(grammars, drafts, vocab_size, batch.device)
     if sampling_rank:
-        batch.spexis_needs_drafts = True
         install_sampling_mask(batch.sampling_info, mask)
     if draft_rank:
         set_draft_mask(batch.sampling_info, mask)
+    return sampling_rank

@@ -1,0 +1,437 @@
+"""Building a decode batch: every running request's next row (``SlotState.next_rows``), the
+drops of selective speculation, the KV memory it needs (speculation gives way first, then
+retraction), the rows' alternatives when a transit batch's verdicts decide them, and the
+``ScheduleBatch`` on one host-to-device copy of its metadata; the sampling rank's penalizers
+and grammar masks per row.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional, Tuple
+
+import numpy as np
+import torch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+from sglang.srt.mem_cache.common import evict_from_tree_cache
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+from spexis_sglang.core.slot_state import Rows
+from spexis_sglang.srt import sp_grammar
+from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
+from spexis_sglang.srt.protocol import SpexisPlan
+from spexis_sglang.srt.sp_logprobs import set_decode_logprob_fields
+from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
+from spexis_sglang.srt.sp_records import LaunchPlan, SPBatch
+
+if TYPE_CHECKING:
+    from spexis_sglang.srt.sp_scheduler import SpexisScheduler
+
+logger = logging.getLogger(__name__)
+
+
+class SPBatchMixin:
+    """A decode batch: rows, selection, KV memory, alternatives, the ScheduleBatch. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+
+    def sp_get_next_batch(
+        self: SpexisScheduler,
+        plan_in: Optional[SpexisPlan],
+        transit: Optional[ScheduleBatch] = None,
+    ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
+        """This iteration's batch: a prefill (SGLang's admission), else every running
+        request's next row. ``transit``: the batch whose results reach the device before this
+        one runs (a decode batch's verdicts then decide where some rows run)."""
+        sp = self.sp
+        plan_out = SpexisPlan(iteration=sp.iteration)
+        self.process_pending_chunked_abort()
+        self._abort_on_waiting_timeout()
+        if self.chunked_req is not None:
+            if self.chunked_req.extend_range.end > len(self.chunked_req.prefix_indices):
+                self.stash_chunked_request(self.chunked_req)
+
+        if self.waiting_queue or self.chunked_req is not None:
+            self.sp_flush_tokens()  # admission reads the running requests' output
+        if sp.released_since_filter:
+            req_at = sp.req_at
+            sp.running.reqs = [r for r in sp.running.reqs if req_at[r.req_pool_idx] is r]
+            sp.released_since_filter = False
+        sp.admit_cap = plan_out.admit_cap = self.sp_admission_cap(plan_in)
+        if sp.admit_cap is not None:
+            # the limit is decided afresh every iteration: a "full" batch it caused must not
+            # outlive it (stock SGLang clears batch_is_full only when memory frees up)
+            sp.running.batch_is_full = False
+        # a cap is the gate's count: it replaces SGLang's token reservation (prefill_adder)
+        setattr(sp.running, COUNT_ADMISSION, sp.admit_cap is not None)
+        try:
+            prefill = self.get_new_batch_prefill(sp.running).batch_to_run
+        finally:
+            sp.admit_cap = None
+            setattr(sp.running, COUNT_ADMISSION, False)
+        if prefill is not None and sp.admit_reservation is not None:
+            # admitted while SGLang's reservation would still have held them back
+            sp.stats.admissions_early += max(0, len(prefill.reqs) - sp.admit_reservation)
+        sp.admit_reservation = None
+        if prefill is not None:
+            sp.add(prefill, SPBatch("prefill"))
+            return prefill, plan_out
+        record = sp.record(transit)
+        pipelined = record is not None and record.decode
+        batch = self.sp_build_decode_batch(plan_in, plan_out, transit if pipelined else None)
+        return batch, plan_out
+
+    def _sp_running_slots(self: SpexisScheduler) -> np.ndarray:
+        """The running requests' slots in batch order (rebuilt only when the list changed)."""
+        sp = self.sp
+        reqs = sp.running.reqs
+        cached = sp.running_slots
+        if cached is None or cached[0] is not reqs or cached[1].shape[0] != len(reqs):
+            slots = np.fromiter((r.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+            sp.running_slots = cached = (reqs, slots)
+        return cached[1]
+
+    def sp_build_decode_batch(
+        self: SpexisScheduler,
+        plan_in: Optional[SpexisPlan],
+        plan_out: SpexisPlan,
+        transit: Optional[ScheduleBatch] = None,
+    ) -> Optional[ScheduleBatch]:
+        """Every running request's next row (normal or on its draft), fitted to memory.
+
+        ``transit``: the decode batch whose true tokens reach the device before this batch
+        runs. A row built on a draft of its request's row there gets an alternative: where
+        that row rejects, the device runs it as the normal row the rejection asks for."""
+        sp = self.sp
+        self.sp_apply_drafts()
+        if not sp.running.reqs:
+            return None
+        patchable = sp.patchable if transit is not None else None
+        rows = sp.slots.next_rows(self._sp_running_slots(), patchable)
+        rows = self.sp_apply_selection(rows, plan_in, plan_out)
+        retractions = sp.stats.retractions
+        rows = self.sp_fit_memory(rows)
+        ratio = self.new_token_ratio_tracker
+        if sp.stats.retractions == retractions:
+            # SGLang decays its admission's future-token reservation every decode step that
+            # retracts nothing (update_running_batch); SP's decode iteration is that step
+            ratio.decay_step()
+        sp.stats.new_token_ratio = ratio.current
+        if len(rows) == 0:
+            return None
+        alternatives = transit_rows = None
+        if transit is not None:
+            alternatives = sp.slots.conditional_alternatives(rows, patchable[rows.slot])
+            if sp.forced is not None:
+                # benchmark only: the verdict is a function of the transit row, known now;
+                # the device redoes exactly the rows whose chain it rejects
+                cond = np.flatnonzero(alternatives >= 0)
+                s = rows.slot[cond]
+                accepts = sp.forced.accepts(s, alternatives[cond] - 1, rows.epoch[cond])
+                alternatives[cond[accepts]] = -1
+            if (alternatives >= 0).any():
+                transit_rows = self._sp_transit_rows(transit, rows)
+            else:
+                alternatives = None
+        meta = self._sp_alloc_kv(rows, alternatives, transit_rows)
+        launched_spec = sp.slots.stats.launched_spec
+        sp.slots.on_launch(rows, alternatives=alternatives)
+        if sp.alpha is not None:
+            sp.alpha.on_launch(rows, sp.iteration)
+        st = sp.stats
+        n_spec = sp.slots.stats.launched_spec - launched_spec  # SlotState counts them
+        st.rows_spec += n_spec
+        st.rows_normal += len(rows) - n_spec
+        st.decode_iterations += 1
+        return self._sp_decode_batch(rows, *meta, has_alternatives=alternatives is not None)
+
+    def _sp_transit_rows(self: SpexisScheduler, transit: ScheduleBatch, rows: Rows) -> np.ndarray:
+        """Per row, the index of its request's row in the transit batch (0 if none)."""
+        index = self.sp.transit_row
+        t = self.sp.record(transit).rows.slot
+        index[rows.slot] = 0
+        index[t] = np.arange(t.shape[0], dtype=np.int64)
+        return index[rows.slot]
+
+    def _sp_alloc_kv(
+        self: SpexisScheduler,
+        rows: Rows,
+        alternatives: Optional[np.ndarray] = None,
+        transit_rows: Optional[np.ndarray] = None,
+    ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, ...]]:
+        """A new KV slot for every row that writes past its request's KV (one alloc, one
+        index write). While a request decodes under SP, its KV length is the SlotState's
+        (``allocated_len``), not ``req.kv.kv_allocated_len``.
+
+        Returns the slots and sequence lengths on the host (SGLang's ``*_cpu`` fields), and
+        the batch's metadata on the device, one copy, as views (one ``split``): tokens, slots,
+        positions, sequence lengths (``n`` each), the lengths again as int32 (two to an int64:
+        ``orig_seq_lens`` without a cast kernel), the rows' alternatives and transit rows
+        (``n`` each, or empty; see ``sp_build_decode_batch``), then the slots and positions of
+        the rows that take a new KV slot (``k`` each). On stage 0 a speculative row's token
+        is -1: the device takes its request's latest draft (``_sp_resolve_rows``)."""
+        need = self.sp.slots.needs_slot(rows)
+        n, k = len(rows), int(np.count_nonzero(need))
+        h = (n + 1) // 2
+        a = n if alternatives is not None else 0
+        host = np.empty(4 * n + h + 2 * a + 2 * k, dtype=np.int64)
+        tokens = host[:n]
+        tokens[:] = rows.token
+        if self.sp.rank0:
+            tokens[rows.is_spec] = -1
+        host[n : 2 * n] = rows.slot
+        host[2 * n : 3 * n] = rows.position
+        lens = host[3 * n : 4 * n]
+        np.add(rows.position, 1, out=lens)
+        host[4 * n : 4 * n + h].view(np.int32)[:n] = lens
+        at = 4 * n + h
+        if a:
+            host[at : at + n] = alternatives
+            host[at + n : at + 2 * n] = transit_rows
+        at += 2 * a
+        if k:
+            host[at : at + k] = rows.slot[need]
+            host[at + k :] = rows.position[need]
+        meta_cpu = torch.from_numpy(host)
+        meta = self.sp.staging.to_device(meta_cpu)
+        parts = meta.split((n, n, n, n, h, a, a, k, k))  # one call for every view
+        if meta is meta_cpu:
+            parts_cpu = parts[1], parts[3]
+        else:
+            parts_cpu = meta_cpu[n : 2 * n], meta_cpu[3 * n : 4 * n]
+        if k == 0:
+            return parts_cpu, parts
+        new_slot_of, new_position = parts[7], parts[8]
+        if self.token_to_kv_pool_allocator.page_size == 1:
+            new_slots = self.token_to_kv_pool_allocator.alloc(k)
+        else:
+            new_slots = self._sp_alloc_paged(new_slot_of, new_position, host[at + k :])
+        if new_slots is None:
+            raise RuntimeError("Spexis: KV allocation failed after the memory check")
+        req_to_token = self.req_to_token_pool.req_to_token
+        req_to_token[new_slot_of, new_position] = new_slots.to(req_to_token.dtype)
+        # req.kv.kv_allocated_len is brought up to the slot's high-water mark on release
+        return parts_cpu, parts
+
+    def _sp_alloc_paged(
+        self: SpexisScheduler, slot_of: torch.Tensor, position: torch.Tensor, positions: np.ndarray
+    ) -> Optional[torch.Tensor]:
+        """KV slots for new positions with ``--page-size > 1`` (SGLang's ``alloc_decode``
+        rule): a position that opens a page takes a fresh page's first slot, any other
+        continues its predecessor's page. A new position is always the request's next one
+        (``needs_slot``: KV covers every position below it), so the predecessor's slot is
+        set, by the prefill or by an earlier SP row. ``slot_of`` and ``position`` are on the
+        device, ``positions`` the same positions on the host."""
+        allocator = self.token_to_kv_pool_allocator
+        page = allocator.page_size
+        opens = torch.from_numpy(positions % page == 0).to(position.device)
+        req_to_token = self.req_to_token_pool.req_to_token
+        new_slots = req_to_token[slot_of, (position - 1).clamp_min(0)].to(torch.int64) + 1
+        n_pages = int(opens.sum())
+        if n_pages:
+            pages = allocator.alloc(n_pages * page)
+            if pages is None:
+                return None
+            new_slots[opens] = pages[::page]
+        return new_slots
+
+    def _sp_decode_batch(
+        self: SpexisScheduler,
+        rows: Rows,
+        meta_cpu: Tuple[torch.Tensor, torch.Tensor],
+        meta: Tuple[torch.Tensor, ...],
+        has_alternatives: bool = False,
+    ) -> ScheduleBatch:
+        """The ScheduleBatch of ``rows`` on ``_sp_alloc_kv``'s metadata (one host-to-device
+        copy of ids, slots, positions and lengths; the tensors are views of it)."""
+        reqs = self.sp.req_at[rows.slot].tolist()
+        plain = bool(self.sp.plain[rows.slot].all())
+        if plain:
+            # what init_new would find scanning every request: nothing to return but tokens
+            batch = ScheduleBatch(
+                reqs=reqs,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+                tree_cache=self.tree_cache,
+                model_config=self.model_config,
+                enable_overlap=False,
+                return_logprob=False,
+                has_grammar=False,
+                device=self.req_to_token_pool.device,
+                spec_algorithm=self.spec_algorithm,
+                return_hidden_states=False,
+                return_hidden_states_mode=CaptureHiddenMode.NULL,
+                is_prefill_only=False,
+            )
+            batch.top_logprobs_nums = batch.token_ids_logprobs = None
+        else:
+            batch = ScheduleBatch.init_new(
+                reqs,
+                self.req_to_token_pool,
+                self.token_to_kv_pool_allocator,
+                self.tree_cache,
+                self.model_config,
+                False,
+                self.spec_algorithm,
+            )
+            set_decode_logprob_fields(batch, reqs)
+        batch.forward_mode = ForwardMode.DECODE
+        n = len(rows)
+        req_to_token = self.req_to_token_pool.req_to_token
+        ids, slots, positions, lens, lens32 = meta[:5]
+        batch.input_ids = ids
+        batch.req_pool_indices_cpu, batch.seq_lens_cpu = meta_cpu
+        batch.req_pool_indices = slots
+        batch.seq_lens = lens
+        batch.orig_seq_lens = lens32.view(torch.int32)[:n]
+        batch.seq_lens_sum = int(rows.position.sum()) + n
+        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
+        if self.sp.sampling is not None:
+            batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
+        record = self.sp.add(batch, SPBatch("decode", rows, plain))
+        record.launch = LaunchPlan(
+            has_spec=self.sp.rank0 and bool(rows.is_spec.any()),
+            alternatives=meta[5] if has_alternatives else None,
+            transit_rows=meta[6] if has_alternatives else None,
+        )
+        self.sp_set_penalties(batch)
+        self.sp_set_grammar_masks(batch)
+        return batch
+
+    def sp_set_grammar_masks(self: SpexisScheduler, batch: ScheduleBatch) -> None:
+        """Constrained decoding: each row's grammar mask after its own drafts (``sp_grammar``),
+        for the sampler on the last stage and for the draft head on stage 0."""
+        if not batch.has_grammar:
+            return
+        last = self.pp_group.is_last_rank
+        if not (last or self.sp_grammar_draft_mask):
+            return
+        if batch.sampling_info is None:  # stage 0: the draft head reads the mask from it
+            batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
+                batch, self.model_config.vocab_size
+            )
+        record = self.sp.record(batch)
+        rows: Rows = record.rows
+        slots = rows.slot.tolist()
+        record.needs_drafts |= sp_grammar.set_decode_masks(
+            batch,
+            rows.position.tolist(),
+            lambda i: self.sp.slots.draft_tokens(slots[i]),
+            vocab_size=self.model_config.vocab_size,
+            sampling_rank=last,
+            draft_rank=self.sp_grammar_draft_mask,
+        )
+
+    def sp_set_penalties(self: SpexisScheduler, batch: ScheduleBatch) -> None:
+        """The sampling rank's penalizers see each row's output prefix (``sp_penalties``).
+
+        The batch's penalizers are freshly prepared; on the last stage they are set from the
+        committed output plus the drafts each row was built on. Such a batch also marks that
+        the last stage needs the real values of the drafts its rows make
+        (``sp_after_launch``): the other ranks record placeholders.
+        """
+        info = batch.sampling_info
+        orchestrator = info.penalizer_orchestrator if info is not None else None
+        if orchestrator is None or not orchestrator.is_required:
+            return
+        record = self.sp.record(batch)
+        record.needs_drafts = True
+        slots = self.sp.slots
+        prefixes = [
+            (
+                row_output_prefix(
+                    req.output_ids,
+                    slots.draft_tokens(slot),
+                    len(req.origin_input_ids),
+                    position,
+                )
+                if needs_penalizer(req.sampling_params)
+                else None
+            )
+            for req, slot, position in zip(
+                batch.reqs, record.rows.slot.tolist(), record.rows.position.tolist()
+            )
+        ]
+        set_penalizer_state(orchestrator, prefixes)
+
+    def sp_apply_selection(
+        self: SpexisScheduler, rows: Rows, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
+    ) -> Rows:
+        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1); the
+        later stages drop the same ones."""
+        sp = self.sp
+        if sp.rank0:
+            running = self._sp_running_slots().shape[0]
+            rows, dropped = sp.alpha.select(sp.slots, rows, running)
+            sp.alpha.update_stats(sp.stats)
+        else:
+            dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
+            if dropped.size:
+                sp.slots.drop(dropped)
+                rows = rows.without(dropped)
+        if dropped.size:
+            plan_out.dropped = dropped.tolist()
+            sp.stats.drafts_dropped += int(dropped.size)
+        return rows
+
+    def sp_fit_memory(self: SpexisScheduler, rows: Rows) -> Rows:
+        """Make room for the rows that need new KV memory; speculation gives way first."""
+        slots = self.sp.slots
+        page = self.token_to_kv_pool_allocator.page_size
+        need = self._sp_needs_memory(rows)
+        n_need = int(np.count_nonzero(need)) * page
+        if n_need == 0:
+            return rows
+        evict_from_tree_cache(self.tree_cache, n_need)
+        avail = self.token_to_kv_pool_allocator.available_size()
+        if avail >= n_need:
+            return rows
+        spec_need = rows.is_spec & need
+        if spec_need.any():
+            slots.drop(rows.slot[spec_need])
+            rows = rows.take(~spec_need)
+            need = self._sp_needs_memory(rows)
+            n_need = int(np.count_nonzero(need)) * page
+            if avail >= n_need:
+                return rows
+        # Not even the verified rows fit: retract requests (latest first) until they do.
+        rows = self.sp_retract(rows, n_need - avail)
+        need = self._sp_needs_memory(rows)
+        if int(np.count_nonzero(need)) * page <= avail:
+            return rows
+        # A retracted request's KV returns only once its rows have drained, so this iteration
+        # runs the rows that fit; the others simply wait (next_rows is pure: nothing to undo).
+        return rows.take(~need | (np.cumsum(need) * page <= avail))
+
+    def _sp_needs_memory(self: SpexisScheduler, rows: Rows) -> np.ndarray:
+        """Rows that take KV memory: a new slot, and with ``--page-size > 1`` only a new
+        position that opens a page (the others continue their request's last page)."""
+        need = self.sp.slots.needs_slot(rows)
+        page = self.token_to_kv_pool_allocator.page_size
+        return need if page == 1 else need & (rows.position % page == 0)
+
+    def sp_retract(self: SpexisScheduler, rows: Rows, shortfall: int) -> Rows:
+        self.sp_flush_tokens()
+        reqs = self.sp.req_at[rows.slot].tolist()
+        order = sorted(
+            range(len(reqs)),
+            key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids)),
+        )
+        retracted = []
+        while shortfall > 0 and len(order) > 1:
+            req = reqs[order.pop()]
+            retracted.append(req.req_pool_idx)
+            allocated = int(self.sp.slots.allocated_len(req.req_pool_idx)[0])
+            shortfall -= 1 + max(0, allocated - req.kv_committed_len)
+            shortfall -= req.kv_committed_len  # freed once its rows have drained
+            self._sp_release(req, retracted=True)
+            logger.info("Spexis: KV cache pool is full, retracting request %s", req.rid)
+        if retracted:
+            # as SGLang's retract_decode: reserve what the remaining requests have shown
+            req_at = self.sp.req_at
+            kept = [r for r in self.sp.running.reqs if req_at[r.req_pool_idx] is r]
+            self.new_token_ratio_tracker.current = (
+                NewTokenRatioTracker.estimate_new_token_ratio_after_retract(kept)
+            )
+            self.sp.stats.retractions += len(retracted)
+        return rows.without(np.asarray(retracted, dtype=np.int64))

@@ -1,0 +1,196 @@
+"""Stage 0's drafts on the device and the host: a decode batch completed on the device at launch
+(speculative rows take their request's latest draft, rows with an alternative run where the
+transit batch's verdict puts them), the drafts' copy to the host behind the forward, and their
+recording in ``SlotState`` (values read only where the host needs them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+import torch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+from spexis_sglang.core.slot_state import Rows
+from spexis_sglang.srt.protocol import (
+    PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HOST,
+    PROXY_DRAFT_IDS,
+    PROXY_LENGTH_BUCKET,
+    PROXY_POSITIONS,
+    pack_drafts,
+)
+from spexis_sglang.srt.sp_forced import rejected_token
+from spexis_sglang.srt.sp_records import LaunchPlan, PendingDrafts
+
+if TYPE_CHECKING:
+    from spexis_sglang.srt.sp_scheduler import SpexisScheduler
+
+logger = logging.getLogger(__name__)
+
+
+class SPDraftsMixin:
+    """Stage 0's drafts: completing a batch on the device, reading and recording drafts. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+
+    def _sp_resolve_rows(self: SpexisScheduler, batch: ScheduleBatch) -> None:
+        """Complete a decode batch on the device, in stream order before its forward: stage
+        0's speculative rows take their request's latest draft, and rows with an alternative
+        run there where the transit batch rejected their chain (stage 0 decides from the true
+        tokens that just arrived, the later stages take the positions stage 0 sent)."""
+        record = self.sp.record(batch)
+        plan: LaunchPlan = record.launch
+        sp = self.sp
+        slots = batch.req_pool_indices
+        if plan.has_spec:
+            batch.input_ids = torch.where(
+                batch.input_ids < 0, sp.draft_by_slot[slots], batch.input_ids
+            )
+        if plan.alternatives is None:
+            return
+        alt = plan.alternatives
+        if sp.rank0:
+            true_ids, drafts = plan.transit.device[plan.transit_rows].unbind(1)
+            rejected = alt >= 0
+            if sp.forced is None:
+                rejected &= true_ids != drafts
+                token = true_ids
+            else:  # benchmark only: the host chose the rows (sp_build_decode_batch)
+                token = rejected_token(true_ids, drafts, self.model_config.vocab_size)
+            batch.input_ids = torch.where(rejected, token, batch.input_ids)
+            positions = torch.where(rejected, alt, batch.seq_lens - 1)
+            record.positions = positions
+        else:
+            positions = record.extras[PROXY_POSITIONS]
+        batch.seq_lens.copy_(positions + 1)
+        batch.orig_seq_lens.copy_(batch.seq_lens)
+        req_to_token = self.req_to_token_pool.req_to_token
+        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
+        if batch.seq_lens.device.type == "cpu":  # exact host lengths (the GPU's are bounds)
+            batch.seq_lens_sum = int(batch.seq_lens.sum())
+
+    def _sp_start_draft_readback(self: SpexisScheduler, batch: ScheduleBatch, result) -> None:
+        """Stage 0: record the batch's drafts per slot on the device (the inputs of the next
+        speculative rows) and queue their copy to the host behind the forward that made them
+        (one copy, one reusable event; on CPU the forward's own tensor)."""
+        record = self.sp.record(batch)
+        n = len(record.rows)  # a CUDA-graph replay returns its outputs padded
+        tensors = result.pp_hidden_states_proxy_tensors.tensors
+        self.sp.draft_by_slot[batch.req_pool_indices] = tensors[PROXY_DRAFT_IDS][:n]
+        packed = tensors[PROXY_DRAFT_HOST][:n]
+        host, event = self.sp.readback.start(packed)
+        record.drafts = PendingDrafts(
+            record.rows, host, event, packed, PROXY_LENGTH_BUCKET in tensors
+        )
+
+    def sp_after_launch(self: SpexisScheduler, batch: ScheduleBatch, result) -> None:
+        """Take the drafts stage 0 just made (placeholders on the other stages).
+
+        They are recorded when the next decode batch is built (:meth:`sp_apply_drafts`),
+        after the transit batch's results have converted this batch's redone rows; on a GPU
+        stage 0 copies them to the host behind the forward (:meth:`run_batch`) and reads them
+        only where the host needs their values. Every rank applies its drafts at the same
+        point of the loop, which keeps the mirrored states identical.
+        """
+        stats = self.sp.stats
+        stats.iterations += 1
+        record = self.sp.record(batch)
+        if record is None or not record.decode:
+            return
+        if getattr(result, "can_run_cuda_graph", False):
+            stats.decode_graph_replays += 1
+        else:
+            stats.decode_eager_forwards += 1
+        rows: Rows = record.rows
+        if self.sp.rank0:
+            pending = record.drafts
+        elif record.needs_drafts:
+            # The last stage penalises rows by the drafts they are built on (sp_penalties):
+            # it takes the drafts' values from the proxy they came down the pipe with.
+            n = len(rows)
+            extras = record.extras
+            packed = pack_drafts(extras[PROXY_DRAFT_IDS][:n], extras[PROXY_DRAFT_CONF][:n])
+            with self.forward_stream_ctx:
+                host, event = self.sp.readback.start(packed)
+            pending = PendingDrafts(rows, host, event, packed)
+        else:
+            pending = PendingDrafts(rows)  # placeholders
+        self.sp.pending_drafts.append(pending)
+
+    def sp_apply_drafts(self: SpexisScheduler) -> None:
+        """Record the drafts of the decode batches launched so far, oldest first.
+
+        Their values are read (waiting for the copy behind the forward) only where the host
+        needs them: to choose which drafts to drop (alpha), for a grammar's draft mask or the
+        last stage's penalties, or the draft log. Otherwise a speculative row's input comes
+        from the device (``_sp_resolve_rows``) and verification compares the draft that
+        comes back with the true token, so placeholders are recorded and stage 0 does not
+        wait for its own forward; a predictor's length buckets are taken once they have
+        landed."""
+        sp = self.sp
+        self._sp_apply_late_buckets()
+        if not sp.pending_drafts:
+            return
+        with sp.stats.phases.phase("draft_sync"):
+            pending, sp.pending_drafts = sp.pending_drafts, []
+            read = self._sp_needs_draft_values()
+            if not read and sp.alpha is not None and sp.alpha.wants_confidences():
+                read = all(p.ready() for p in pending)  # observe only if it costs no wait
+            if sp.alpha is not None:
+                sp.alpha.confidences_real = read
+            for p in pending:
+                rows = p.rows
+                if read:
+                    ids, conf, buckets = p.read()
+                else:
+                    (ids, conf), buckets = p.placeholders(), None
+                    if p.has_buckets:
+                        sp.late_buckets.append(p)
+                if self.sp_draft_log is not None:
+                    self._sp_log_drafts(rows, ids, conf, buckets)
+                sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
+                self._sp_record_buckets(rows, buckets)
+            if self.sp_length_oracle is not None:  # benchmark only: replaces a predictor
+                for p in pending:
+                    self._sp_record_buckets(p.rows, self.sp_length_oracle.buckets(p.rows))
+
+    def _sp_needs_draft_values(self: SpexisScheduler) -> bool:
+        sp = self.sp
+        if not sp.rank0:
+            return True  # placeholders, or the last stage's penalty drafts: no wait for these
+        if self.sp_draft_log is not None:
+            return True
+        if sp.alpha is not None and sp.alpha.needs_confidences():
+            return True
+        # a grammar's draft mask reads the drafts (sp_grammar): not a tokens-only batch
+        slots = self._sp_running_slots()
+        return not bool(sp.plain[slots].all())
+
+    def _sp_apply_late_buckets(self: SpexisScheduler) -> None:
+        """Length buckets of earlier batches whose copy has landed since."""
+        sp = self.sp
+        if not sp.late_buckets:
+            return
+        waiting = []
+        for p in sp.late_buckets:
+            if p.ready():
+                self._sp_record_buckets(p.rows, p.read()[2])
+            else:
+                waiting.append(p)
+        sp.late_buckets = waiting
+
+    def _sp_record_buckets(
+        self: SpexisScheduler, rows: Rows, buckets: Optional[np.ndarray]
+    ) -> None:
+        if buckets is None:
+            return
+        sp = self.sp
+        sp.stats.rows_predicted_ending += int(np.count_nonzero(buckets >= 0))
+        live = sp.req_at[rows.slot] != None  # noqa: E711 (elementwise)
+        sp.length_bucket[rows.slot[live]] = buckets[live]
+
+    def _sp_log_drafts(self: SpexisScheduler, rows: Rows, ids, conf, buckets) -> None:
+        reqs = self.sp.req_at[rows.slot]
+        rids = [None if r is None else r.rid for r in reqs]
+        self.sp_draft_log.write(rids, rows.position, rows.token, ids, conf, buckets)

@@ -1,0 +1,59 @@
+"""What the SP loop tells: the periodic statistics line and the Prometheus series (one counter
+set, ``SpexisStats``), and the labels of the benchmark-only modes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, List
+
+if TYPE_CHECKING:
+    from spexis_sglang.srt.sp_scheduler import SpexisScheduler
+
+logger = logging.getLogger(__name__)
+
+
+class SPObserveMixin:
+    """The statistics line and the Prometheus series. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+
+    def sp_maybe_log(self: SpexisScheduler) -> None:
+        stats = self.sp.stats
+        if self.sp_metrics is not None and stats.decode_iterations:
+            self.sp_metrics.update(stats.as_dict())
+        interval = self.spexis_config.log_interval
+        if interval <= 0 or not self.sp.rank0:
+            return
+        now = time.monotonic()
+        if now - self.sp_last_log < interval:
+            return
+        if stats.decode_iterations == self.sp_last_logged_iterations:
+            return  # nothing new to say (idle)
+        self.sp_last_log = now
+        self.sp_last_logged_iterations = stats.decode_iterations
+        s = stats.as_dict()
+        logger.info(
+            "".join(f"[BENCHMARK {m.replace('_', ' ')}] " for m in self._sp_benchmark_modes())
+            + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
+            "normal %d, spec %d, stale %d, dropped %d, alpha %.2f, delayed admissions %d",
+            s["acceptance_rate"],
+            s["effective_batch_ratio"],
+            s["avg_rows_per_decode_iteration"],
+            s["avg_tokens_per_decode_iteration"],
+            s["rows_normal"],
+            s["rows_spec"],
+            s["rows_stale"],
+            s["drafts_dropped"],
+            s["alpha"],
+            s["admissions_delayed"],
+        )
+
+    def _sp_benchmark_modes(self: SpexisScheduler) -> List[str]:
+        """The benchmark-only modes this server runs in (labels for logs and metrics)."""
+        cfg = self.spexis_config
+        modes = []
+        if cfg.force_accept is not None:
+            modes.append("forced_acceptance")
+        if cfg.length_oracle is not None:
+            modes.append("length_oracle")
+        return modes
