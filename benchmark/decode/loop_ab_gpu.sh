@@ -20,7 +20,7 @@ BASE=$PYTHONPATH
 for i in ${PAIRS:-1 2}; do
   for v in old new; do
     if [ "$v" = old ]; then export PYTHONPATH=$OLD_PY:$BASE; else export PYTHONPATH=$BASE; fi
-    python3 benchmark/cpu/sp_loop_overhead.py --only sp --batches "${B:-256}" --new-tokens 2000 \
+    python3 benchmark/decode/sp_loop_overhead.py --only sp --batches "${B:-256}" --new-tokens 2000 \
       --dtype bfloat16 --min-window-s 5 --poll-s 0.5 \
       --server-args "${GPU_FLAGS[*]} --cuda-graph-max-bs 512 --mem-fraction-static 0.3" \
       --out "$OUT/ab_$v$i.json" > "$OUT/ab_$v$i.log" 2>&1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benchmark/decode/loop_overhead_gpu.sh: stage 0's loop CPU time in the regime users serve in:
-# benchmark/cpu/sp_loop_overhead.py (stock SGLang PP=2 and Spexis SP, tiny random Llama, phase
+# benchmark/decode/sp_loop_overhead.py (stock SGLang PP=2 and Spexis SP, tiny random Llama, phase
 # timers on stage 0) on the GPU machine with CUDA graphs on for both servers. With one GPU both
 # stages share it (SPEXIS_SHARE_GPU=1, NCCL over loopback): the GPU times then mean nothing, but
 # stage 0's scheduling and result processing are host CPU work, each stage on its own core.
@@ -18,7 +18,7 @@ BATCHES=${BATCHES:-64 256 512}
 # long answers (the tiny model holds 2048 positions): a GPU iteration takes milliseconds, and
 # the steady window must not run out of tokens
 # shellcheck disable=SC2086
-python3 benchmark/cpu/sp_loop_overhead.py --batches $BATCHES --new-tokens "${NEW_TOKENS:-2000}" \
+python3 benchmark/decode/sp_loop_overhead.py --batches $BATCHES --new-tokens "${NEW_TOKENS:-2000}" \
   --dtype bfloat16 --min-window-s "${WINDOW_S:-5}" --poll-s 0.5 \
   --server-args "${GPU_FLAGS[*]} --cuda-graph-max-bs 512 --mem-fraction-static 0.3 ${EXTRA:-}" \
   --out "$OUT/gpu_sp_loop_overhead.json" 2>&1 | tee "$OUT/gpu_sp_loop_overhead.log"

@@ -2,7 +2,7 @@
 (``srt/model_gemma3.py``); greedy output equals plain SGLang's PP=1 token for token.
 
 A tiny random Gemma 3 (5 layers, one KV head, sliding window 8, per-layer-type RoPE, tied
-embedding) keeps it fast; the real Gemma 3 270M run is ``benchmark/cpu/gemma3_serving.py``.
+embedding) keeps it fast; the real Gemma 3 270M run is ``benchmark/quality/gemma3_serving.py``.
 """
 
 from __future__ import annotations

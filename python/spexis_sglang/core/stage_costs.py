@@ -87,7 +87,7 @@ class CostGrid:
         if mf.ndim == 0:
             mf = np.full(r.size, float(mf))
         if mf.shape != (r.size,) or np.any((mf < 0) | (mf > 1)) or np.any(np.isnan(mf)):
-            raise ValueError(f"mem_frac must be one value or one per rows point, all in [0, 1]")
+            raise ValueError("mem_frac must be one value or one per rows point, all in [0, 1]")
         self.rows = r
         self.ctx = c
         self.seconds = s

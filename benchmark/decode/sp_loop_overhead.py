@@ -21,7 +21,7 @@ does not do it; ``sched+proc`` leaves it out, ``cpu_sched_proc_with_forced`` kee
 proxy send);
 busy = the whole iteration (loop glue included).
 
-    .venv/bin/python benchmark/cpu/sp_loop_overhead.py \
+    .venv/bin/python benchmark/decode/sp_loop_overhead.py \
         --out benchmark/results/cpu_sp_loop_overhead.json
 
 On a GPU machine the same servers run with CUDA graphs (``--dtype bfloat16``, the GPU flags in
@@ -284,7 +284,7 @@ def main() -> int:
     if args.only != "stock":
         records += run_server("sp", sp, args.batches, args.pp_size, args)
     argv = recorded_args(sys.argv[1:])
-    commands = ["python benchmark/cpu/sp_loop_overhead.py " + shlex.join(argv)]
+    commands = ["python benchmark/decode/sp_loop_overhead.py " + shlex.join(argv)]
     if args.merge and args.out and os.path.isfile(args.out):
         with open(args.out) as f:
             old = json.load(f)
@@ -294,7 +294,7 @@ def main() -> int:
     md = table(records)
     print(md)
     result = {
-        "script": "benchmark/cpu/sp_loop_overhead.py",
+        "script": "benchmark/decode/sp_loop_overhead.py",
         "commands": commands,
         "model": f"tiny random Llama ({args.layers} layers, hidden 64, vocab {args.vocab}), dummy "
         f"weights, PP={args.pp_size}, {device}",

@@ -7,7 +7,7 @@ greedy requests to both, counts identical outputs, and records live acceptance f
 ``/server_info`` beside the offline numbers of the training report, in one JSON:
 
     python -m spexis_sglang.train all --model-path GEMMA_DIR --pp-size 2 --out HEADS ...
-    python benchmark/cpu/gemma3_serving.py --model-path GEMMA_DIR --heads HEADS \
+    python benchmark/quality/gemma3_serving.py --model-path GEMMA_DIR --heads HEADS \
         --out benchmark/results/quality_gemma3_270m.json
 
 The prompts are the training run's held-out test prompts (``HEADS/work/data/*_test``), sent
@@ -97,7 +97,7 @@ def main() -> int:
         "new_tokens": args.new_tokens,
         "exact_mode": exact,
         "command": _no_machine_paths(
-            "python benchmark/cpu/gemma3_serving.py " + " ".join(sys.argv[1:])
+            "python benchmark/quality/gemma3_serving.py " + " ".join(sys.argv[1:])
         ),
     }
     outputs = {}
