@@ -119,13 +119,28 @@ def pytest_collection_modifyitems(session, config, items):
         items[slot] = item
 
 
+# servers asked for with keep=False: stopped when the test that asked ends
+_transient: set = set()
+
+
 @pytest.fixture(autouse=True)
 def _release_servers_after_test():
     yield
     _in_use.clear()
+    while _transient:
+        server = _servers.pop(_transient.pop(), None)
+        if server is not None:
+            server.stop()
 
 
-def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProcess:
+def get_server(
+    args: List[str], env: Dict[str, str] | None = None, keep: bool = True
+) -> ServerProcess:
+    """A running server with ``args`` (started, or one of the session's).
+
+    ``keep=False``: stopped when the calling test ends, for a server no other test asks for
+    whose processes do not sleep when idle (SGLang's data-parallel controller polls its
+    sockets: kept up, it would take a core for the rest of the suite)."""
     key = tuple(args) + tuple(sorted((env or {}).items()))
     server = _servers.pop(key, None)
     if server is None or not server.alive():
@@ -135,6 +150,8 @@ def get_server(args: List[str], env: Dict[str, str] | None = None) -> ServerProc
         server.wait_ready()
     _servers[key] = server  # most recently used
     _in_use.add(key)
+    if not keep:
+        _transient.add(key)
     return server
 
 

@@ -46,7 +46,7 @@ def test_greedy_dp2_pp2_equals_plain_sglang(
 ):
     model = ["--model-path", tiny_model_dir]
     expected = server_factory([*model, "--pp-size", "1"]).greedy_ids(tiny_prompts, NEW_TOKENS)
-    sp_server = server_factory([*model, *sp_args(2, "random:0", "--dp-size", "2")])
+    sp_server = server_factory([*model, *sp_args(2, "random:0", "--dp-size", "2")], keep=False)
     before = replica_stats(sp_server)
     got = sp_server.greedy_ids(tiny_prompts, NEW_TOKENS)
     after = replica_stats(sp_server)
