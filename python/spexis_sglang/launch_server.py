@@ -715,9 +715,11 @@ def install_http_guard(config) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from spexis_sglang.cpu_support import activate
+    from spexis_sglang.cpu_support import activate, single_threaded_torch
 
     on_cpu = activate()  # must precede every sglang/transformers import
+    if on_cpu:
+        single_threaded_torch()  # the stages share the cores (the schedulers are forked)
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return 0

@@ -86,13 +86,15 @@ def _declare_torchvision_schemas() -> None:
 
 
 def single_threaded_torch() -> None:
-    """One intra-op thread in this process (and the processes it forks).
+    """One intra-op thread in this process (and the processes it forks): the launcher's, whose
+    pipeline stages share the CPU's cores.
 
     ``OMP_NUM_THREADS=1`` reaches only processes that import torch after it is set: finding
     out whether a GPU is there imported torch already, with an OpenMP pool of one thread per
-    core whose idle threads spin. On the shared cores that made every small operator cost ~10x
-    its CPU time (a 32-token request of the default model took 30-70 s under SP, 10-34 s on
-    stock PP, against 5.5-6.7 s and 3.2-3.6 s in one thread)."""
+    core whose idle threads spin. On the shared cores that made every small operator of a
+    server cost ~10x its CPU time (a 32-token request of the default model under SP: 32.7 s
+    before, 3.2 s after, on a busy 2-core box). Other programs (tests, training) keep torch's
+    own thread count."""
     import torch
 
     if torch.get_num_threads() != 1:
@@ -127,7 +129,6 @@ def activate() -> bool:
     if cuda_available():
         return False
     os.environ["SPEXIS_CPU_SUPPORT"] = "1"
-    single_threaded_torch()
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     for p in (_PYTHON_DIR, SHIM_DIR):
         if p not in paths:
