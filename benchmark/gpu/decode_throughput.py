@@ -68,6 +68,7 @@ FORCE_ACCEPT_PARAM = "spexis_force_accept"
 MODELS = {
     "llama-3.1-8b": os.path.join(CONFIGS, "llama-3.1-8b"),
     "qwen3-8b": os.path.join(CONFIGS, "qwen3-8b"),
+    "qwen3-32b": os.path.join(CONFIGS, "qwen3-32b"),
     "smollm2-135m": os.path.join(CONFIGS, "smollm2-135m"),
     "tiny-llama": os.path.join(CONFIGS, "tiny-llama"),
     "tiny-qwen3": os.path.join(CONFIGS, "tiny-qwen3"),
@@ -429,6 +430,27 @@ def measure_batch(
     return rec
 
 
+def balance_micro_batches(
+    srv: Server, cfg: Dict[str, Any], batch: int, a: argparse.Namespace
+) -> Optional[int]:
+    """Stock PP=N at its best: at most B/N requests per micro-batch, so every stage interval
+    carries B/N rows. Left alone, SGLang caps a micro-batch at max_running_requests / N and one
+    prefill chunk can admit a whole small batch into the first micro-batch, the others empty
+    (no pipelining at all). SGLang's own runtime knob, set before each batch."""
+    n = cfg["n"]
+    if cfg["kind"] != "pp" or n < 2 or a.unbalanced_micro_batches:
+        return None
+    micro = max(1, batch // n)
+    reply = srv.post(
+        "/set_internal_state",
+        {"server_args": {"pp_max_micro_batch_size": micro}},
+        a.request_timeout,
+    )
+    if not (isinstance(reply, list) and reply and all(reply)):  # one bool per scheduler
+        raise RuntimeError(f"pp_max_micro_batch_size {micro} refused: {reply}")
+    return micro
+
+
 def run_config(
     model: str,
     model_dir: str,
@@ -518,7 +540,10 @@ def run_config(
                     )
                     continue
                 try:
+                    micro = balance_micro_batches(srv, cfg, b, a)
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
+                    if micro:
+                        rec["pp_max_micro_batch_size"] = micro
                 except Exception as e:  # noqa: BLE001 - record and go on
                     rec = {"batch": b, "error": repr(e)}
                     if srv.proc.poll() is not None:
@@ -801,6 +826,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         dest="custom_all_reduce",
         action="store_false",
         help="TP without SGLang's custom all-reduce (only after seeing it fail on the machine)",
+    )
+    p.add_argument(
+        "--unbalanced-micro-batches",
+        action="store_true",
+        help="leave stock PP's micro-batch cap at SGLang's default (max running / N)",
     )
     p.add_argument("--port", type=int, default=30100)
     p.add_argument("--health-timeout", type=float, default=420)

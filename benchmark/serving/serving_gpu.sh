@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# benchmark/serving/serving_gpu.sh: serving under load on a GPU machine. Runs
+# benchmark/serving/serving_gpu.sh: serving under load on a GPU machine (one GPU: the emulated
+# box of common.sh, each PP rank an MPS client). Runs
 # benchmark/serving/serving.py (one server per configuration, one after another; Poisson rate
 # sweeps through SGLang's bench_serving) with the GPU flags of benchmark/gpu/common.sh, CUDA
 # graphs ON for every configuration (decode graphs up to MAX_BS = --max-running-requests, which
@@ -37,7 +38,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../gpu/common.sh"
-gpu_site_env || exit $?
+gpu_script_env || exit $?  # the site; one GPU: the emulated box (MPS clients)
 cd "$SPEXIS_REPO"
 MODE=${MODE:-dummy}
 MODEL=${MODEL:-llama-3.1-8b}
