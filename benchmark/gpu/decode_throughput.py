@@ -93,6 +93,13 @@ def _sp_args(n: int, theta: float) -> List[str]:
     ]
 
 
+def _pp_variants(name: str) -> List[Dict[str, Any]]:
+    return [
+        {"name": name, "theta": None, "micro": "sglang"},
+        {"name": f"{name}_balanced", "theta": None, "micro": "balanced"},
+    ]
+
+
 def plan_configs(
     stages: List[int],
     thetas: List[float],
@@ -110,16 +117,16 @@ def plan_configs(
     if "pp1" in kinds:
         out.append(_config("sglang_pp1", "pp1", 1, []))
     for n in stages:
+        # stock PP=N: SGLang's own micro-batch cap (max running / N: a small batch can land
+        # in one micro-batch) and balanced micro-batches (B/N each), on one server
         if "pp" in kinds:
-            out.append(_config(f"sglang_pp{n}", "pp", n, ["--pp-size", str(n)]))
-        if "ppa" in kinds:
-            # stock PP with one micro-batch of slack (pp_loop_size = N + 1)
             out.append(
                 _config(
-                    f"sglang_pp{n}_async1",
+                    f"sglang_pp{n}",
                     "pp",
                     n,
-                    ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
+                    ["--pp-size", str(n)],
+                    variants=_pp_variants(f"sglang_pp{n}"),
                 )
             )
         if "tp" in kinds:
@@ -137,6 +144,18 @@ def plan_configs(
             out.append(
                 _config(
                     f"spexis_sp{n}", "sp", n, _sp_args(n, variants[0]["theta"]), variants=variants
+                )
+            )
+    for n in stages:  # after SP: the first to go when the time budget runs short
+        if "ppa" in kinds:
+            # stock PP with one micro-batch of slack (pp_loop_size = N + 1)
+            out.append(
+                _config(
+                    f"sglang_pp{n}_async1",
+                    "pp",
+                    n,
+                    ["--pp-size", str(n), "--pp-async-batch-depth", "1"],
+                    variants=_pp_variants(f"sglang_pp{n}_async1"),
                 )
             )
     for n in stages:
@@ -430,17 +449,18 @@ def measure_batch(
     return rec
 
 
-def balance_micro_batches(
-    srv: Server, cfg: Dict[str, Any], batch: int, a: argparse.Namespace
+def set_micro_batch_cap(
+    srv: Server, cfg: Dict[str, Any], variant: Dict[str, Any], batch: int, a: argparse.Namespace
 ) -> Optional[int]:
-    """Stock PP=N at its best: at most B/N requests per micro-batch, so every stage interval
-    carries B/N rows. Left alone, SGLang caps a micro-batch at max_running_requests / N and one
-    prefill chunk can admit a whole small batch into the first micro-batch, the others empty
-    (no pipelining at all). SGLang's own runtime knob, set before each batch."""
+    """Stock PP=N's micro-batch cap for this point, through SGLang's own runtime knob:
+    ``balanced``: B/N, so every stage interval carries B/N rows; ``sglang``: SGLang's default
+    (max running requests / N), where one prefill chunk can admit a whole small batch into the
+    first micro-batch and leave the others empty. The better of the two is stock PP's best."""
     n = cfg["n"]
-    if cfg["kind"] != "pp" or n < 2 or a.unbalanced_micro_batches:
+    micro_mode = variant.get("micro")
+    if cfg["kind"] != "pp" or n < 2 or not micro_mode:
         return None
-    micro = max(1, batch // n)
+    micro = max(1, batch // n) if micro_mode == "balanced" else max(1, max(a.batches) // n)
     reply = srv.post(
         "/set_internal_state",
         {"server_args": {"pp_max_micro_batch_size": micro}},
@@ -540,7 +560,7 @@ def run_config(
                     )
                     continue
                 try:
-                    micro = balance_micro_batches(srv, cfg, b, a)
+                    micro = set_micro_batch_cap(srv, cfg, v, b, a)
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                     if micro:
                         rec["pp_max_micro_batch_size"] = micro
@@ -826,11 +846,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         dest="custom_all_reduce",
         action="store_false",
         help="TP without SGLang's custom all-reduce (only after seeing it fail on the machine)",
-    )
-    p.add_argument(
-        "--unbalanced-micro-batches",
-        action="store_true",
-        help="leave stock PP's micro-batch cap at SGLang's default (max running / N)",
     )
     p.add_argument("--port", type=int, default=30100)
     p.add_argument("--health-timeout", type=float, default=420)

@@ -15,13 +15,17 @@ slowest rank's, T(B/N) from the stock PP server (depth 0) and T(B) from the SP s
 acceptance measured in the SP run (forced in the benchmark mode). Besides the ratios the table
 gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden).
 
-    python3 benchmark/gpu/pipeline_ratio.py decode_throughput.json
+    python3 benchmark/gpu/pipeline_ratio.py decode_throughput.json [rows.json [plot.png]]
+
+The plot: decode tok/s against B for every configuration (left) and, per SP configuration,
+SP / best stock PP beside its ideal ratio (right), one panel per input length.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from typing import Any, Dict, List, Optional
 
 STAGE0 = "pp rank 0, tp rank 0"
@@ -141,6 +145,49 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
         )
 
 
+def plot(summary: Dict[str, Any], rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
+    """Throughput per configuration and SP / PP beside the ideal, per model and input length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["model"], r["input_len"]) for r in rows})
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 4.2 * len(panels)), squeeze=False)
+    for (model, in_len), (ax_tp, ax_ratio) in zip(panels, axes):
+        for res in summary["models"][model]["results"]:
+            pts = [
+                (x["batch"], x["decode_tok_s"])
+                for x in res.get("batches", [])
+                if x.get("decode_tok_s") and x.get("input_len") == in_len
+            ]
+            if pts:
+                style = "-o" if res["kind"] == "sp" else "--s"
+                ax_tp.plot(*zip(*pts), style, label=res["config"], markersize=4)
+        ax_tp.set(xscale="log", xlabel="batch B (requests)", ylabel="decode tok/s")
+        ax_tp.set_title(f"{model}, input {in_len}")
+        ax_tp.legend(fontsize=7)
+        for cfg in sorted(
+            {r["config"] for r in rows if (r["model"], r["input_len"]) == (model, in_len)}
+        ):
+            mine = [
+                r for r in rows if (r["model"], r["input_len"], r["config"]) == (model, in_len, cfg)
+            ]
+            got = [(r["batch"], r["sp_over_pp"]) for r in mine if "sp_over_pp" in r]
+            ideal = [(r["batch"], r["ideal"]) for r in mine if "ideal" in r]
+            if got:
+                line = ax_ratio.plot(*zip(*got), "-o", markersize=4, label=f"{cfg}: measured")[0]
+                if ideal:
+                    ax_ratio.plot(*zip(*ideal), ":", color=line.get_color(), label=f"{cfg}: ideal")
+        ax_ratio.axhline(1.0, color="grey", lw=0.8)
+        ax_ratio.set(xscale="log", xlabel="batch B (requests)", ylabel="SP / best stock PP")
+        ax_ratio.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
 def main(argv: List[str]) -> int:
     with open(argv[0]) as fh:
         summary = json.load(fh)
@@ -149,6 +196,8 @@ def main(argv: List[str]) -> int:
     if len(argv) > 1:
         with open(argv[1], "w") as fh:
             json.dump(rows, fh, indent=1)
+    if len(argv) > 2:
+        plot(summary, rows, argv[2], textwrap.fill(summary.get("note", "").split(". ")[0], 150))
     return 0
 
 
