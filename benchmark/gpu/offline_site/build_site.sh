@@ -27,7 +27,8 @@
 #      machine's Python writes its own);
 #   5. drop SITE/bin and SITE/share and their RECORD lines (console scripts whose shebang
 #      names the build venv's Python, and a man page; nothing uses them under
-#      PYTHONPATH), check the result;
+#      PYTHONPATH) and zstandard's unused cffi backend, check the result (never drop a
+#      RECORD file: tvm-ffi locates xgrammar's bindings through xgrammar's RECORD);
 #   6. tar (sorted, fixed owner and mtime) | xz -9e -T2, then print size and sha256.
 #      xz's multi-threaded mode cuts the input into fixed 192 MiB blocks, so its output
 #      does not depend on the machine's core count: with the same xz version, two builds
@@ -145,6 +146,10 @@ step "tidy and check the site"
 rm -rf "$SITE/bin" "$SITE/share"
 # ... and their lines in RECORD: the scripts' hashes depend on the build venv's path.
 sed -i -E '/^(\.\.\/)+(bin|share)\//d' "$SITE"/*.dist-info/RECORD
+# zstandard's cffi backend (12 MB; the C backend, which zstandard imports first, stays) and its
+# RECORD line. Keep every other RECORD whole: tvm-ffi finds xgrammar's library through it.
+rm -f "$SITE"/zstandard/_cffi.*.so
+sed -i -E '/^zstandard\/_cffi\./d' "$SITE"/zstandard-*.dist-info/RECORD
 find "$SITE" -name __pycache__ -type d -prune -exec rm -rf {} +
 "$VPY" - "$SITE" "$WORK/pins.txt" <<'PY'
 import email.parser, pathlib, sys
@@ -188,4 +193,15 @@ echo "time:    $((SECONDS - T0)) s"
 if [ "$SIZE" -gt "$MAX_BYTES" ]; then
   echo "ERROR: larger than $((MAX_BYTES / 1048576)) MiB; it will not fit in a 64 MiB carry with the repo" >&2
   exit 1
+fi
+# what travels to the device machine: the repository's tracked files and this tarball, 64 MiB
+REPO_DIR=$(cd "$HERE/../../.." && pwd)
+if git -C "$REPO_DIR" rev-parse --git-dir >/dev/null 2>&1; then
+  TRACKED=$(git -C "$REPO_DIR" ls-files -z | (cd "$REPO_DIR" && xargs -0 stat -c %s 2>/dev/null) | awk '{s += $1} END {print s + 0}')
+  LEFT=$((64 * 1048576 - TRACKED - SIZE))
+  echo "carry:   repository $TRACKED bytes + tarball = $((TRACKED + SIZE)) bytes, $LEFT bytes left of 64 MiB"
+  if [ "$LEFT" -lt 0 ]; then
+    echo "ERROR: the repository and the tarball together exceed the device's 64 MiB carry" >&2
+    exit 1
+  fi
 fi
