@@ -1,0 +1,113 @@
+"""benchmark/gpu/pipeline_ratio.py and decode_throughput.py's stock-PP variants: SP is set
+against the best stock PP run of the same call, beside the ideal ratio from the stages' GPU
+times. Synthetic inputs (no server): every number below is known exactly."""
+
+import argparse
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "gpu"))
+
+import decode_throughput  # noqa: E402
+import pipeline_ratio  # noqa: E402
+
+CTX = pipeline_ratio.ctx_bucket(128, 128)
+
+
+def _stock(config, tok_s, gpu_ms):
+    return {
+        "config": config,
+        "kind": "pp",
+        "n": 2,
+        "batches": [{"batch": 16, "input_len": 128, "decode_tok_s": tok_s}],
+        "gpu_forward_ms": {"pp rank 0, tp rank 0": {f"8@{CTX}": [100, gpu_ms]}},
+    }
+
+
+def _summary():
+    sp = {
+        "config": "spexis_sp2_theta0.75",
+        "kind": "sp",
+        "n": 2,
+        "batches": [
+            {
+                "batch": 16,
+                "input_len": 128,
+                "decode_tok_s": 3000.0,
+                "sp": {"acceptance": 0.75, "iter_time_s": 0.0055},
+            }
+        ],
+        # the slowest rank is the stage time; stage 0's own time is the iteration's yardstick
+        "gpu_forward_ms": {
+            "pp rank 0, tp rank 0": {f"16@{CTX}": [100, 5.0]},
+            "pp rank 1, tp rank 0": {f"16@{CTX}": [100, 4.0]},
+        },
+    }
+    results = [
+        _stock("sglang_pp2", 2000.0, 4.0),
+        _stock("sglang_pp2_balanced", 1500.0, 4.0),
+        _stock("sglang_pp2_async1", 2500.0, 4.0),
+        sp,
+    ]
+    return {"output_len": 128, "models": {"m": {"results": results}}}
+
+
+def test_sp_is_set_against_the_best_stock_run_beside_the_ideal():
+    (row,) = pipeline_ratio.compare(_summary())
+    assert row["pp_best"] == "sglang_pp2_async1"
+    assert row["sp_over_pp"] == pytest.approx(3000 / 2500, abs=1e-3)
+    # ideal = N T(B/N) / ((N - theta (N-1)) T(B)) = 2 * 4 / (1.25 * 5)
+    assert row["ideal"] == pytest.approx(2 * 4.0 / (1.25 * 5.0), abs=1e-3)
+    assert row["of_ideal"] == pytest.approx(1.2 / 1.28, abs=2e-3)
+    assert row["iter_over_gpu"] == pytest.approx(5.5 / 5.0, abs=1e-3)
+
+
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    summary = _summary()
+    out = tmp_path / "ratio.png"
+    pipeline_ratio.plot(summary, pipeline_ratio.compare(summary), str(out), "title")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stock_pp_runs_both_micro_batch_caps_and_its_async_variant_after_sp():
+    cfgs = decode_throughput.plan_configs([2], [0.76], ["pp", "ppa", "sp"])
+    assert [c["name"] for c in cfgs] == ["sglang_pp2", "spexis_sp2", "sglang_pp2_async1"]
+    for cfg in (cfgs[0], cfgs[2]):
+        assert [v["micro"] for v in cfg["variants"]] == ["sglang", "balanced"]
+        assert cfg["variants"][1]["name"] == cfg["name"] + "_balanced"
+
+
+class _FakeServer:
+    def __init__(self, reply):
+        self.reply, self.sent = reply, []
+
+    def post(self, path, obj, timeout):
+        self.sent.append((path, obj))
+        return self.reply
+
+
+@pytest.mark.parametrize("micro,expected", [("balanced", 32), ("sglang", 256)])
+def test_micro_batch_cap_per_point(micro, expected):
+    srv = _FakeServer([True])
+    a = argparse.Namespace(batches=[16, 64, 512], request_timeout=5)
+    cfg = {"kind": "pp", "n": 2}
+    got = decode_throughput.set_micro_batch_cap(srv, cfg, {"micro": micro}, 64, a)
+    assert got == expected
+    assert srv.sent == [
+        ("/set_internal_state", {"server_args": {"pp_max_micro_batch_size": expected}})
+    ]
+
+
+def test_micro_batch_cap_refused_is_an_error_and_sp_is_left_alone():
+    a = argparse.Namespace(batches=[16], request_timeout=5)
+    with pytest.raises(RuntimeError, match="refused"):
+        decode_throughput.set_micro_batch_cap(
+            _FakeServer([False]), {"kind": "pp", "n": 2}, {"micro": "balanced"}, 16, a
+        )
+    srv = _FakeServer([True])
+    assert decode_throughput.set_micro_batch_cap(srv, {"kind": "sp", "n": 2}, {}, 16, a) is None
+    assert srv.sent == []
