@@ -170,7 +170,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Selective speculation: fraction of drafts with the lowest confidence dropped "
         "each iteration, in [0, 1), or 'auto': stage 0 measures acceptance by confidence rank "
         "and iteration time against rows while serving, and re-chooses alpha with the cost "
-        f"model every --spexis-alpha-interval iterations (starting at {AUTO_ALPHA_INITIAL}; "
+        "model every --spexis-alpha-interval iterations, up to 1 where a stage's time grows "
+        "in proportion to its rows and speculation cannot pay (every draft dropped: SP runs "
+        f"like PP; starting at {AUTO_ALPHA_INITIAL}; "
         "every --spexis-alpha-explore-th iteration drops nothing, so the ranks it would drop "
         "are still measured). The alpha in force is in /server_info, the log line and the "
         "spexis:alpha metric. Default: 0.",

@@ -168,6 +168,15 @@ def test_documented_eq4_error_table(
     assert pa.rows / ex.rows == pytest.approx(rows_ratio, abs=6e-5)
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_dropping_every_draft_runs_like_pp(n) -> None:
+    """alpha = 1: a request advances one token every N iterations with one row each time."""
+    for state in (sp_alpha_exact(12, n, 0.7, 1.0), sp_alpha_paper(12, n, 0.7, 1.0)):
+        assert state.rows == pytest.approx(12 / n)
+        assert state.effective == pytest.approx(12 / n)
+    assert lookahead_theta(0.7, 1.0) == 0.0
+
+
 def test_lookahead_theta() -> None:
     assert lookahead_theta(0.8, 0.25) == pytest.approx(0.6)
     assert lookahead_theta(0.8) == pytest.approx(0.8)
@@ -179,7 +188,7 @@ def test_lookahead_theta() -> None:
         lambda: b_eff_star(10, 0, 0.5),
         lambda: b_eff_star(10, 2, 1.5),
         lambda: b_eff_star(10, 2, float("nan")),
-        lambda: b_alpha_star(10, 2, 1.0),
+        lambda: b_alpha_star(10, 2, 1.5),
         lambda: b_alpha_star(10, 2, -0.1),
         lambda: simulate_eq1(2, 0.5, 10),
         lambda: simulate_eq1(2, 0.5, 10, start=[1.0, 2.0, 3.0]),

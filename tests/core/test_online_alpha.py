@@ -21,6 +21,7 @@ from spexis_sglang.core.online_alpha import (
     rank_bins,
 )
 from spexis_sglang.core.selection import (
+    ONLINE_ALPHA_GRID,
     RankAcceptanceProfile,
     choose_alpha,
     num_dropped,
@@ -35,7 +36,9 @@ LATENCY = LatencyFit(intercept=2.0, slope=1.0 / 16, identified=True)
 
 
 def offline_best(profile: tuple[float, ...]):
-    best, evaluated = choose_alpha(N, B, RankAcceptanceProfile(profile), LATENCY, model="exact")
+    best, evaluated = choose_alpha(
+        N, B, RankAcceptanceProfile(profile), LATENCY, ONLINE_ALPHA_GRID, model="exact"
+    )
     return best, {round(c.alpha, 2): c.throughput for c in evaluated}
 
 
@@ -143,8 +146,9 @@ class SyntheticLoad:
     come back ``N`` iterations after the launch, for the drafts whose chain was not broken
     (a share ``theta`` of them)."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, latency: LatencyFit = LATENCY) -> None:
         self.rng = np.random.default_rng(seed)
+        self.latency = latency
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     def step(self, oa: OnlineAlpha, profile: tuple[float, ...]) -> None:
@@ -161,7 +165,7 @@ class SyntheticLoad:
             oa.record_verdicts(*self.pending.pop(0))
         theta = RankAcceptanceProfile(profile).theta_alpha(a)
         rows = sp_alpha_exact(B, N, theta, a).rows + 0.3 * self.rng.standard_normal()
-        oa.record_iteration(rows, LATENCY(rows) * (1 + 0.03 * self.rng.standard_normal()))
+        oa.record_iteration(rows, self.latency(rows) * (1 + 0.03 * self.rng.standard_normal()))
 
 
 def run(oa: OnlineAlpha, load: SyntheticLoad, profile, iterations: int) -> list[float]:
@@ -182,6 +186,19 @@ def test_steady_load_reaches_the_offline_optimum(profile) -> None:
     assert abs(oa.alpha - best.alpha) <= 0.1
     assert oa.latency().identified
     assert oa.profile().acceptance[0] == pytest.approx(profile[0], abs=0.05)
+
+
+def test_where_time_grows_in_proportion_to_rows_every_draft_is_dropped() -> None:
+    """A stage whose time is proportional to its rows (compute-bound, large B): speculation
+    cannot pay at any acceptance below 1, so alpha must reach 1 and SP run like PP (B/N
+    rows, a token per request every N iterations), never slower than PP."""
+    proportional = LatencyFit(intercept=0.0, slope=1.0 / 16, identified=True)
+    oa = OnlineAlpha(N)
+    run(oa, SyntheticLoad(3, proportional), MATH, 2000)
+    assert oa.alpha == 1.0
+    pp_like = sp_alpha_exact(B, N, 0.0, 1.0)
+    assert oa.last_choice.rows == pytest.approx(B / N)
+    assert oa.last_choice.throughput >= pp_like.effective / proportional(B / N) * (1 - 1e-9)
 
 
 def test_follows_a_shift_from_math_to_translation_and_back() -> None:
@@ -227,4 +244,4 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         OnlineAlpha(N, model="other")
     with pytest.raises(ValueError):
-        OnlineAlpha(N, alphas=(0.1, 1.0))
+        OnlineAlpha(N, alphas=(0.1, 1.5))

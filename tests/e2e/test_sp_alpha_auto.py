@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from spexis_sglang.core.selection import DEFAULT_ALPHA_GRID
+from spexis_sglang.core.selection import ONLINE_ALPHA_GRID
 
 from .compare import compare_outputs
 from .prompts import lossless_prompts
@@ -36,8 +36,8 @@ def test_alpha_auto_greedy_equals_plain_and_alpha_is_reported(server_factory, mo
     )
     assert cmp.all_identical, cmp.summary()
     assert live["mode"] == "auto" and live["alpha"] == stats["alpha"]
-    assert stats["alpha"] in DEFAULT_ALPHA_GRID
-    assert all(a in DEFAULT_ALPHA_GRID for _, a in live["history"])
+    assert stats["alpha"] in ONLINE_ALPHA_GRID
+    assert all(a in ONLINE_ALPHA_GRID for _, a in live["history"])
     # it measured, explored and chose: verdicts by rank, iteration times, alpha-0 iterations
     assert live["verdicts"] > 0 and live["samples"] > 0
     assert stats["alpha_explore_iterations"] == live["explore_iterations"] > 0

@@ -65,9 +65,11 @@ def _check_prob(name: str, value: float) -> float:
 
 
 def _check_alpha(alpha: float) -> float:
+    """A drop ratio in [0, 1]; 1 drops every draft, so SP runs like PP (a request advances a
+    token every N iterations, B/N rows per iteration)."""
     alpha = float(alpha)
-    if not 0.0 <= alpha < 1.0 or math.isnan(alpha):
-        raise ValueError(f"alpha (drop ratio) must lie in [0, 1), got {alpha!r}")
+    if not 0.0 <= alpha <= 1.0 or math.isnan(alpha):
+        raise ValueError(f"alpha (drop ratio) must lie in [0, 1], got {alpha!r}")
     return alpha
 
 

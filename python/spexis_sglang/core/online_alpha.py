@@ -90,7 +90,7 @@ from typing import Sequence
 import numpy as np
 
 from .selection import (
-    DEFAULT_ALPHA_GRID,
+    ONLINE_ALPHA_GRID,
     AlphaChoice,
     RankAcceptanceProfile,
     choose_alpha,
@@ -191,7 +191,8 @@ class OnlineAlpha:
         initial: ``alpha`` until the first choice.
         half_life: iterations after which a count weighs half (default: ``4 * interval``,
             so a choice rests mostly on the last few intervals).
-        alphas: the grid the chooser evaluates.
+        alphas: the grid the chooser evaluates (by default up to 1: every draft dropped, SP
+            running like PP, where speculation cannot pay).
         model: the chooser's steady-state model (``"exact"``: :func:`cost_model.sp_alpha_exact`,
             the mechanics the scheduler runs; ``"paper"``: Eq. 3-4).
         bins: confidence-rank bins.
@@ -211,7 +212,7 @@ class OnlineAlpha:
         explore: int = AUTO_ALPHA_EXPLORE,
         initial: float = AUTO_ALPHA_INITIAL,
         half_life: float | None = None,
-        alphas: Sequence[float] = DEFAULT_ALPHA_GRID,
+        alphas: Sequence[float] = ONLINE_ALPHA_GRID,
         model: str = "exact",
         bins: int = RANK_BINS,
         prior_weight: float = 2.0,
@@ -237,8 +238,8 @@ class OnlineAlpha:
         if model not in ("exact", "paper"):
             raise ValueError(f"model must be 'exact' or 'paper', got {model!r}")
         self.alphas = tuple(sorted(set(float(a) for a in alphas)))
-        if not self.alphas or not all(0.0 <= a < 1.0 for a in self.alphas):
-            raise ValueError("alphas must be a non-empty grid in [0, 1)")
+        if not self.alphas or not all(0.0 <= a <= 1.0 for a in self.alphas):
+            raise ValueError("alphas must be a non-empty grid in [0, 1]")
         if not 0.0 <= initial < 1.0:
             raise ValueError(f"initial alpha must lie in [0, 1), got {initial}")
         self.num_stages = int(num_stages)

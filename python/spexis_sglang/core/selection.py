@@ -37,10 +37,17 @@ __all__ = [
     "AlphaChoice",
     "choose_alpha",
     "DEFAULT_ALPHA_GRID",
+    "ONLINE_ALPHA_GRID",
 ]
 
 #: Candidate drop ratios for :func:`choose_alpha` (the paper used 0.15-0.3).
 DEFAULT_ALPHA_GRID: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(51))
+#: The online chooser's grid (``--spexis-alpha auto``): the default one up to 1, where a
+#: stage's time grows in proportion to its rows and speculation cannot pay, so alpha must be
+#: able to drop every draft and run SP like PP.
+ONLINE_ALPHA_GRID: tuple[float, ...] = DEFAULT_ALPHA_GRID + tuple(
+    round(0.05 * i, 2) for i in range(11, 21)
+)
 
 _EPS = 1e-9
 
@@ -164,10 +171,13 @@ class RankAcceptanceProfile:
         return self.theta_alpha(0.0)
 
     def theta_alpha(self, alpha: float) -> float:
-        """Acceptance of the kept drafts at drop ratio ``alpha`` (``Theta_alpha`` of Eq. 4)."""
+        """Acceptance of the kept drafts at drop ratio ``alpha`` (``Theta_alpha`` of Eq. 4);
+        at ``alpha = 1`` nothing is kept and the limit (the most confident rank's) is taken."""
         alpha = float(alpha)
-        if not 0.0 <= alpha < 1.0:
-            raise ValueError(f"alpha must lie in [0, 1), got {alpha!r}")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+        if alpha == 1.0:
+            return float(self.acceptance[0])
         k = len(self.acceptance)
         x = (1.0 - alpha) * k
         full = min(int(math.floor(x + _EPS)), k)
