@@ -324,7 +324,7 @@ class SlotLockstepMachine(RuleBasedStateMachine):
     @rule(
         iters=st.integers(1, 6),
         right=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
-        alpha=st.sampled_from([0.0, 0.0, 0.3, 0.5]),
+        alpha=st.sampled_from([0.0, 0.0, 0.3, 0.5, 1.0]),  # 1.0: every draft dropped
         p_finish=st.sampled_from([0.0, 0.05]),
         p_mem=st.sampled_from([0.0, 0.3]),
         drafts_first=st.booleans(),
