@@ -158,7 +158,7 @@ def test_auto_moves_alpha_and_fixed_only_observes() -> None:
     auto = AlphaController(64, depth=2, num_stages=2, auto=True, interval=25)
     fixed = AlphaController(64, depth=2, num_stages=2, alpha=0.0)
     for ctrl in (auto, fixed):
-        pipe = Pipeline(ctrl, 2, b=32, seed=1, a=0.5, slope=0.1)
+        pipe = Pipeline(ctrl, 2, b=32, seed=1, a=2.0, slope=0.1)
         for _ in range(1500):
             pipe.step()
     assert auto.online.choices > 0 and auto.alpha in auto.online.alphas
@@ -170,7 +170,8 @@ def test_auto_moves_alpha_and_fixed_only_observes() -> None:
     assert np.allclose(d["profile"], auto.as_dict()["profile"], atol=0.1)
     # ... but at a constant batch its rows never vary: no slope, flat latency, alpha 0
     assert not fixed.online.latency().identified and d["recommended_alpha"] == 0.0
-    assert auto.online.latency().identified and auto.alpha > 0.15
+    # an interior optimum here (0.6): the grid goes on to 1, where time is proportional to rows
+    assert auto.online.latency().identified and 0.15 < auto.alpha < 1.0
     auto.update_stats(stats)
     assert stats.alpha == auto.alpha and stats.alpha_changes == auto.online.changes
     assert stats.as_dict()["alpha"] == auto.alpha
