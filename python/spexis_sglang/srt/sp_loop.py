@@ -47,7 +47,7 @@ class SPLoopMixin:
         """
         self.init_sp_state()
         sp = self.sp
-        timer = sp.stats.phases
+        timer = sp.phases
         profiler = self._sp_maybe_profiler()
         while True:
             if profiler is not None:
