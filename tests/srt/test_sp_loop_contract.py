@@ -37,6 +37,8 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
+from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject  # noqa: E402
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar  # noqa: E402
 from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 from sglang.srt.managers.io_struct import AbortReq  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ReqKvInfo  # noqa: E402
@@ -116,12 +118,63 @@ def reference(prompt: List[int], max_new: int) -> List[int]:
     return out
 
 
+class _CountingMatcher:
+    """A matcher that allows every token and terminates after ``length`` of them."""
+
+    def __init__(self, length: int):
+        self.length, self.accepted = length, 0
+
+    def accept_token(self, token: int) -> bool:
+        if self.is_terminated():
+            return False
+        self.accepted += 1
+        return True
+
+    def rollback(self, k: int) -> None:
+        self.accepted -= k
+
+    def is_terminated(self) -> bool:
+        return self.accepted >= self.length
+
+
+class CountingGrammar(XGrammarGrammar):
+    """An xgrammar grammar object (the backend SP serves) whose language is every string of
+    ``length`` tokens: the request finishes at the token after the ``length``-th, as stock."""
+
+    def __init__(self, length: int):
+        BaseGrammarObject.__init__(self)
+        self.matcher = _CountingMatcher(length)
+
+    def accept_token(self, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise ValueError(f"token {token} after the grammar terminated")
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def allocate_vocab_mask(self, vocab_size: int, batch_size: int, device) -> torch.Tensor:
+        return torch.zeros(batch_size, vocab_size, dtype=torch.bool)
+
+    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
+        vocab_mask[idx] = True
+
+    @staticmethod
+    def move_vocab_mask(vocab_mask: torch.Tensor, device) -> torch.Tensor:
+        return vocab_mask
+
+
+def grammar_reference(prompt: List[int], max_new: int, length: int) -> List[int]:
+    """Stock SGLang's output under a grammar that terminates after ``length`` tokens."""
+    return reference(prompt, max_new)[: length + 1]
+
+
 @dataclass
 class Arrival:
     rid: str
     prompt: List[int]
     max_new: int
     at: int  # the loop iteration it arrives in
+    grammar_length: Optional[int] = None  # a grammar that terminates after so many tokens
 
 
 class KVSlots:
@@ -296,6 +349,9 @@ class ScriptedStages(Scheduler):
         for req, token in zip(batch.reqs, result["next_token_ids"].tolist()):
             req.output_ids.append(token)
             req.update_finish_state(1)
+            if req.grammar is not None:
+                req.grammar.accept_token(token)
+                req.grammar.finished = req.finished()
             if req.finished():
                 release_kv_cache(req, self.tree_cache)
         self.output_streamer.stream_output(batch.reqs, False)
@@ -438,8 +494,12 @@ def drive(
     aborts = aborts or {}
     reqs = {}
     for a in plan:
-        reqs[a.rid] = make_req(a.rid, a.prompt, a.max_new)
-        sched.expected_sequence[a.rid] = a.prompt + reference(a.prompt, a.max_new)
+        reqs[a.rid] = req = make_req(a.rid, a.prompt, a.max_new)
+        want = reference(a.prompt, a.max_new)
+        if a.grammar_length is not None:
+            req.grammar = CountingGrammar(a.grammar_length)
+            want = grammar_reference(a.prompt, a.max_new, a.grammar_length)
+        sched.expected_sequence[a.rid] = a.prompt + want
     run = Run(sched, reqs)
     it = 0
     while it < max_iterations:
@@ -557,3 +617,20 @@ def test_a_request_ending_at_its_first_token_never_decodes() -> None:
     run = drive(sched, plan)
     check_contract(run)
     assert len(run.reqs["one"].output_ids) == 1
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_grammar_terminated_requests_finish_at_stocks_token(stages: int) -> None:
+    # requests with a grammar take the per-request result path (and stage 0 masks their
+    # drafts); the grammar terminates after a few tokens, the others run beside them
+    plan = arrivals(seed=20 + stages, n=6)
+    for a, length in zip(plan, (2, 5, 9)):
+        a.max_new, a.grammar_length = 40, length
+        assert len(reference(a.prompt, a.max_new)) > length + 1  # not ended by EOS first
+    sched = ContractScheduler(stages, theta=0.6, alpha=0.0)
+    run = drive(sched, plan)
+    check_contract(run)
+    for a in plan[:3]:
+        req = run.reqs[a.rid]
+        assert len(req.output_ids) == a.grammar_length + 1
+        assert req.finished_reason.to_json()["type"] == "stop"
