@@ -22,7 +22,6 @@ selective drops, retractions.
 
 from __future__ import annotations
 
-import contextlib
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -69,11 +68,14 @@ from spexis_sglang.srt.sp_scheduler import SpexisScheduler  # noqa: E402
 VOCAB = 64
 EOS = VOCAB - 1
 CONTEXT = 256
+#: what SamplingParams.normalize reads of a tokenizer (no stop strings here)
+TOKENIZER = SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def runtime_context():
-    """SGLang's release and batch code read the server's runtime context."""
+    """SGLang's release, abort and batch code read the server's runtime context (stage 0 of
+    two, one TP rank)."""
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
@@ -83,6 +85,8 @@ def runtime_context():
         ServerArgs(model_path=ensure_default_model(), device="cpu", pp_size=2),
         role="scheduler",
     )
+    with runtime_context.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0):
+        yield
 
 
 # ----------------------------------------------------------------------------- the script
@@ -368,8 +372,11 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
         kv_size: int = 4096,
         max_running: int = 16,
         kv_headroom: int = 0,
+        force_accept: Optional[float] = None,
     ):
-        self.spexis_config = SpexisConfig(draft_head="random:0", alpha=alpha, log_interval=0)
+        self.spexis_config = SpexisConfig(
+            draft_head="random:0", alpha=alpha, log_interval=0, force_accept=force_accept
+        )
         self.sp = None
         self.sp_length_oracle = None
         self.theta = theta
@@ -457,10 +464,11 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
         return out
 
 
-def make_req(rid: str, prompt: List[int], max_new: int) -> Req:
-    params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
-    params.normalize(None)
-    params.verify(VOCAB)
+def make_req(rid: str, prompt: List[int], max_new: int, verify: bool = True, **sampling) -> Req:
+    params = SamplingParams(**{"max_new_tokens": max_new, "temperature": 0.0, **sampling})
+    params.normalize(TOKENIZER)
+    if verify:
+        params.verify(VOCAB)
     return Req(rid, "", prompt, params, eos_token_ids={EOS}, vocab_size=VOCAB)
 
 
@@ -487,7 +495,7 @@ class Run:
 def drive(
     sched: ContractScheduler,
     plan: List[Arrival],
-    aborts: Dict[int, str] = None,
+    aborts: Optional[Dict[int, str]] = None,
     max_iterations: int = 3000,
 ) -> Run:
     """Run the loop until every request has finished and nothing is in flight."""
@@ -511,10 +519,9 @@ def drive(
         sched.sp_iteration(it % sched.pp_loop_size)
         it += 1
         done = all(r.finished() for r in reqs.values()) and it > max(a.at for a in plan)
+        # then until the batches in flight are back and the released requests drained
         if done and all(b is None for b in sched.mbs) and not sched.sp.draining:
             break
-        if done:  # let the batches in flight come back
-            continue
     else:
         raise AssertionError("the loop did not finish every request")
     return run
@@ -634,3 +641,92 @@ def test_grammar_terminated_requests_finish_at_stocks_token(stages: int) -> None
         req = run.reqs[a.rid]
         assert len(req.output_ids) == a.grammar_length + 1
         assert req.finished_reason.to_json()["type"] == "stop"
+
+
+# -------------------------------------------------------------- requests refused on arrival
+
+
+def arrival_error(
+    force_accept: Optional[float] = None, verify: bool = True, **sampling
+) -> Optional[str]:
+    """What stage 0 answers a request with these sampling parameters on arrival: None when it
+    is served (it decodes under SP), else the abort message it finishes with, before it ever
+    takes an SP slot."""
+    sched = ContractScheduler(2, theta=0.6, alpha=0.0, force_accept=force_accept)
+    req = make_req("x", [1, 2, 3], 12, verify, **sampling)
+    sched.expected_sequence["x"] = [1, 2, 3] + reference([1, 2, 3], 12)
+    sched.inbox.append(req)
+    it = 0
+    while not req.finished() or any(b is not None for b in sched.mbs) or sched.sp.draining:
+        sched.sp_iteration(it % sched.pp_loop_size)
+        it += 1
+        assert it < 200
+    assert sched.token_to_kv_pool_allocator.available_size() == sched.max_total_num_tokens
+    assert len(sched.req_to_token_pool.free_slots) == sched.req_to_token_pool.size
+    reason = req.finished_reason.to_json()
+    if reason["type"] != "abort":
+        assert sched.sp.stats.rows > 0  # it decoded under SP
+        return None
+    assert sched.sp.stats.rows == 0
+    return reason["message"]
+
+
+def test_plain_sampling_is_accepted():
+    assert arrival_error() is None
+    assert arrival_error(temperature=0.7) is None
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(frequency_penalty=0.1),
+        dict(presence_penalty=-0.5),
+        dict(repetition_penalty=1.1),
+        dict(min_new_tokens=3),
+        dict(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.3, min_new_tokens=8),
+    ],
+)
+def test_penalties_and_min_new_tokens_are_served(params):
+    """SP sets the penalizers from each row's verified output + drafts (sp_penalties)."""
+    assert arrival_error(**params) is None
+
+
+GRAMMAR_CASES = [
+    (dict(regex="[ab]+"), "regex"),
+    (dict(json_schema="{}"), "json_schema"),
+    (dict(ebnf="root ::= 'a'"), "ebnf"),
+    (dict(structural_tag="{}"), "structural_tag"),
+    (dict(regex="a", presence_penalty=1.0), "regex"),
+    # (SGLang's own check refuses two grammars at once first; the message still names both)
+    (dict(regex="a", ebnf="root ::= 'a'"), "regex, ebnf"),
+]
+_TWO_GRAMMARS = 5
+
+
+@pytest.mark.parametrize("params, named", GRAMMAR_CASES)
+def test_grammars_are_served(params, named):
+    """SP masks each row with its grammar after the row's own drafts (sp_grammar); the
+    grammar itself is compiled before the request is queued (a stand-in here)."""
+    sched = ContractScheduler(2, theta=0.6, alpha=0.0)
+    req = make_req("x", [1, 2, 3], 12, params is not GRAMMAR_CASES[_TWO_GRAMMARS][0], **params)
+    req.grammar = CountingGrammar(3)
+    assert sched._sp_unsupported_error(req) is None
+
+
+@pytest.mark.parametrize("params, named", GRAMMAR_CASES)
+def test_grammars_are_refused_by_name_in_the_forced_acceptance_mode(params, named):
+    verify = params is not GRAMMAR_CASES[_TWO_GRAMMARS][0]
+    assert arrival_error(force_accept=0.7, verify=verify, **params) == (
+        f"Spexis --spexis-benchmark-force-accept does not support {named} (a forced "
+        "acceptance can commit a token the grammar forbids); send this request to a server "
+        "without it"
+    )
+    assert arrival_error(force_accept=0.7) is None
+
+
+def test_a_server_without_sp_serves_everything():
+    sched = ContractScheduler(2, theta=0.6, alpha=0.0)
+    sched.spexis_config = SpexisConfig()  # no draft head: plain SGLang
+    req = make_req("x", [1, 2, 3], 12, frequency_penalty=1.0, regex="a")
+    req.grammar = CountingGrammar(3)
+    assert not sched.sp_enabled and sched._sp_unsupported_error(req) is None
