@@ -243,8 +243,6 @@ class SlotState:
             per request (``None``: no cap).
         pipelined: batches are launched before the oldest batch's results are processed
             (:meth:`conditional_alternatives`); ``depth`` is then ``N + 1``.
-        stats: the counters to count rows, verdicts and declined drafts into (the
-            scheduler's, which it exports); a fresh :class:`SPStats` by default.
     """
 
     def __init__(
@@ -253,7 +251,6 @@ class SlotState:
         depth: int,
         max_unverified: int | None = None,
         pipelined: bool = False,
-        stats: SPStats | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -294,7 +291,9 @@ class SlotState:
         # bumped by every event that changes the state: rows planned at this version are
         # still the plan (Rows.plan; on_launch skips its per-row checks for them)
         self._version = 0
-        self.stats = SPStats() if stats is None else stats
+        # rows, verdicts and declined drafts are counted here; the scheduler counts the rest
+        # into the same object and exports it (SPStats)
+        self.stats = SPStats()
 
     # ------------------------------------------------------------------ lifecycle
     def admit(
