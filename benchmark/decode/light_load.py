@@ -36,7 +36,7 @@ activate()
 import requests  # noqa: E402
 
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
-from spexis_sglang.srt.stats import PHASE_TIMERS_ENV  # noqa: E402
+from spexis_sglang.srt.config import ENV_PHASE_TIMERS  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 CONFIGS = {
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     order = list(CONFIGS)
     for pair in range(a.pairs):
         for name in order if pair % 2 == 0 else order[::-1]:
-            env = {PHASE_TIMERS_ENV: "1"}
+            env = {ENV_PHASE_TIMERS: "1"}
             server = ServerProcess(CONFIGS[name], env=env)
             try:
                 server.wait_ready()

@@ -52,7 +52,8 @@ activated = activate()  # False on a GPU machine
 
 import requests  # noqa: E402
 
-from spexis_sglang.srt.stats import PHASE_TIMERS_ENV, SP_PHASES  # noqa: E402
+from spexis_sglang.srt.config import ENV_PHASE_TIMERS  # noqa: E402
+from spexis_sglang.srt.stats import SP_PHASES  # noqa: E402
 from spexis_sglang.testing import ServerProcess, recorded_args  # noqa: E402
 
 RESULT = "benchmark/results/cpu_sp_loop_overhead.json"
@@ -186,7 +187,7 @@ def run_server(
     kind: str, server_args: List[str], batches: List[int], pp: int, args: argparse.Namespace
 ) -> List[Dict[str, object]]:
     print(f"{kind}: starting {' '.join(server_args)}", flush=True)
-    server = ServerProcess(server_args, env={PHASE_TIMERS_ENV: "1"})
+    server = ServerProcess(server_args, env={ENV_PHASE_TIMERS: "1"})
     try:
         server.wait_ready(timeout=args.server_timeout)
         return [measure(server, kind, b, pp, args) for b in batches]
@@ -302,7 +303,7 @@ def main() -> int:
             kind: [tiny_model if a == model else a for a in server_args]
             for kind, server_args in (("stock", common), ("sp", sp))
         },
-        "server_env": {PHASE_TIMERS_ENV: "1"},
+        "server_env": {ENV_PHASE_TIMERS: "1"},
         "unit": "thread CPU time of stage 0's scheduler thread (time.thread_time)",
         "prompt_len": args.prompt_len,
         "max_new_tokens": args.new_tokens,

@@ -33,6 +33,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
+from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS
 from spexis_sglang.models.length_predictor import LengthPredictor, LengthPredictorConfig
 from spexis_sglang.train.collect import load_collected
 from spexis_sglang.train.length import (
@@ -45,7 +46,7 @@ from spexis_sglang.train.length import (
 )
 
 EXIT = 15
-THRESHOLDS = (4, 8, 16, 32, 64)
+THRESHOLDS = DEFAULT_THRESHOLDS
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(HERE), "results")
 

@@ -25,6 +25,7 @@ from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_INTERVAL,
     FIXED_ALPHA_OBSERVE_EVERY,
 )
+from spexis_sglang.srt.config import RANDOM_HEAD_PREFIX, random_head_seed
 from spexis_sglang.srt.request_checks import (
     DEFAULT_MAX_N,
     DEFAULT_MAX_QUEUED_REQUESTS,
@@ -421,9 +422,9 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             raise LaunchError(f"--spexis-draft-head bundled: {e}") from None
         # the shipped files too (a clone with git-lfs pointers or a damaged install)
         _check_stage0_artifact(head, server_args, "draft_head", "--spexis-draft-head bundled")
-    elif head.startswith("random:"):
+    elif head.startswith(RANDOM_HEAD_PREFIX):
         try:
-            int(head.split(":", 1)[1])
+            random_head_seed(head)
         except ValueError:
             raise LaunchError(f"--spexis-draft-head {head!r}: expected random:<integer seed>")
     else:

@@ -228,11 +228,11 @@ class Lockstep:
             drop = select_drops(want_conf, alpha)
             dropped = {plans[spec[i]].rid for i in drop}
             for rid in dropped:
-                self.sp.drop_draft(rid)
+                self.sp.drop_draft(rid, selective=True)
             plans = [p for p in plans if p.rid not in dropped]
             if self.placeholder:
                 slots = np.array([self.slot_of[r] for r in sorted(dropped)], dtype=np.int64)
-                self.ss.drop(slots)
+                self.ss.drop(slots, selective=True)
                 rows = rows.without(slots)
             else:
                 rows, got_dropped = self.ss.select(rows, alpha)
@@ -341,7 +341,7 @@ class SlotLockstepMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "m"):
             s = self.m.sp.stats
-            for name in ("accepted", "rejected", "stale", "drafts_dropped"):
+            for name in ("accepted", "rejected", "rows_stale", "drafts_dropped", "drafts_withheld"):
                 try:
                     event(f"{name} > 0: {getattr(s, name) > 0}")
                 except Exception:  # outside a hypothesis run
@@ -383,7 +383,7 @@ def test_long_lockstep_runs_with_many_requests(seed: int) -> None:
         )
         m.check()
     s = m.sp.stats
-    assert s.accepted and s.rejected and s.stale and s.drafts_dropped
+    assert s.accepted and s.rejected and s.rows_stale and s.drafts_dropped
 
 
 # ----------------------------------------------------------------------------- units
@@ -420,7 +420,7 @@ def test_accept_reject_and_drain() -> None:
     assert ss.on_result([1]).verdict.tolist() == [Verdict.STALE]  # row 6 of epoch 1
     assert ss.pop_drained().tolist() == [2]
     ss.admit(2, 3, 7)  # reusable once drained
-    assert ss.stats.accepted == 1 and ss.stats.rejected == 1 and ss.stats.stale == 2
+    assert ss.stats.accepted == 1 and ss.stats.rejected == 1 and ss.stats.rows_stale == 2
 
 
 def test_results_with_and_without_stale_rows_agree() -> None:
@@ -466,7 +466,7 @@ def test_useless_drafts_are_dropped_at_the_limit() -> None:
     ss.on_launch(r)
     ss.on_draft(r.slot, r.position, r.epoch, [2], [0.9])
     assert len(ss.next_rows()) == 0  # the row at 4 could only produce x_5: useless
-    assert ss.stats.drafts_dropped == 1 and not ss.has_pending_draft(0)[0]
+    assert ss.stats.drafts_withheld == 1 and not ss.has_pending_draft(0)[0]
     res = ss.on_result([3])
     assert res.at_limit.tolist() == [True] and res.verdict.tolist() == [Verdict.APPENDED]
 
@@ -543,9 +543,12 @@ def test_drop_counts_only_pending_drafts() -> None:
     ss.on_launch(r)
     ss.on_draft(r.slot[:1], r.position[:1], r.epoch[:1], [5], [0.5])  # slot 0 only
     ss.drop([0, 1])
-    assert ss.stats.drafts_dropped == 1
-    ss.drop([0])
-    assert ss.stats.drafts_dropped == 1
+    assert ss.stats.drafts_withheld == 1
+    ss.drop([0], selective=True)
+    assert ss.stats.drafts_withheld == 1 and ss.stats.drafts_dropped == 0
+    ss.on_draft(r.slot[1:], r.position[1:], r.epoch[1:], [6], [0.5])
+    ss.drop([0, 1], selective=True)
+    assert ss.stats.drafts_withheld == 1 and ss.stats.drafts_dropped == 1
     with pytest.raises(SlotStateError):
         ss.drop([2])  # not admitted
 

@@ -318,11 +318,9 @@ def test_pipelined_launch_runs_the_plain_protocol_rows(n: int, theta: float) -> 
         assert st_piped.appended <= st_plain.appended
         # the pipelined loop converts every rejection a later row was launched on
         if theta < 1 and n >= 2:
-            assert st_piped.converted > 0
-        assert st_piped.launched_normal + st_piped.launched_spec == (
-            st_plain.launched_normal + st_plain.launched_spec + len(piped.late_rows)
-        )
-        assert st_piped.stale == st_plain.stale + len(piped.late_rows) + lost
+            assert st_piped.rows_redone > 0
+        assert st_piped.rows == st_plain.rows + len(piped.late_rows)
+        assert st_piped.rows_stale == st_plain.rows_stale + len(piped.late_rows) + lost
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -333,9 +331,9 @@ def test_rows_the_device_cannot_redo_go_stale_and_stay_lossless(n: int) -> None:
         assert plain.finished - piped.finished <= piped.aborted
         for rid in piped.finished:
             assert piped.committed[rid] == plain.committed[rid]
-        assert piped.ss.stats.converted > 0
+        assert piped.ss.stats.rows_redone > 0
         # unpatched rejections cost one more stale row each
-        assert piped.ss.stats.stale > plain.ss.stats.stale
+        assert piped.ss.stats.rows_stale > plain.ss.stats.rows_stale
 
 
 def test_conditional_alternatives_and_conversion_units() -> None:
@@ -356,7 +354,7 @@ def test_conditional_alternatives_and_conversion_units() -> None:
     # slot 0 accepts (true 11), slot 1 rejects (true 9 != draft 12)
     res = st.on_result(np.array([11, 9]), launched_drafts=np.array([11, 12]))
     assert res.verdict.tolist() == [2, 3]
-    assert st.stats.converted == 1
+    assert st.stats.rows_redone == 1
     # b's row of slot 1 was run as the normal row at 3 with token 9, in the new epoch
     assert b.position.tolist() == [5, 3]
     assert b.is_spec.tolist() == [True, False]

@@ -74,7 +74,7 @@ def test_reject_bumps_epoch_and_stales_in_flight_rows() -> None:
     assert s.verified_len("a") == 6
     assert s.num_inflight_positions("a") == 1  # slot 6 stays allocated (overwritten later)
     assert s.on_result("a", 5, 1, 100) is Outcome.APPENDED
-    assert s.verified_len("a") == 7 and s.stats.stale == 2 and s.stats.rejected == 1
+    assert s.verified_len("a") == 7 and s.stats.rows_stale == 2 and s.stats.rejected == 1
 
 
 def test_ranks_with_placeholder_drafts_agree_through_launched_draft() -> None:
@@ -108,7 +108,7 @@ def test_dropped_draft_waits_for_verification() -> None:
     s.add("a", 3, 7)
     launch(s, "a")
     s.on_draft("a", 2, 0, 8, 0.1)
-    s.drop_draft("a")
+    s.drop_draft("a", selective=True)
     assert s.next_row("a") is None and not s.has_pending_draft("a")
     assert s.on_result("a", 2, 0, 8) is Outcome.APPENDED
     assert launch(s, "a") == (3, 0, 8, False)
@@ -190,7 +190,7 @@ def test_launch_next_is_next_row_plus_on_launch() -> None:
     s.on_draft("a", 2, 0, 8, 0.6)
     row = s.launch_next("a")
     assert (row.position, row.token, row.is_spec, row.confidence) == (3, 8, True, 0.6)
-    assert s.num_inflight_rows("a") == 2 and s.stats.launched_spec == 1
+    assert s.num_inflight_rows("a") == 2 and s.stats.rows_spec == 1
 
 
 def test_max_unverified_caps_speculation_depth() -> None:
@@ -315,7 +315,7 @@ class SPMachine(RuleBasedStateMachine):
         if cands and drop_share:
             conf = self.s.candidate_confidences(cands)
             for i in select_drops(conf, drop_share):
-                self.s.drop_draft(cands[i])
+                self.s.drop_draft(cands[i], selective=True)
         # 4. launch
         launched = []
         for rid in sorted(self.live):
@@ -341,7 +341,7 @@ class SPMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "s"):
             st_ = self.s.stats
-            for name in ("accepted", "rejected", "stale", "drafts_dropped"):
+            for name in ("accepted", "rejected", "rows_stale", "drafts_dropped"):
                 try:
                     event(f"{name} > 0: {getattr(st_, name) > 0}")
                 except Exception:  # outside a hypothesis run
@@ -361,10 +361,9 @@ class SPMachine(RuleBasedStateMachine):
         for rid, left in self.removed_inflight.items():
             assert self.s.is_draining(rid) and self.s.num_inflight_rows(rid) == left
         st_ = self.s.stats
-        assert st_.accepted + st_.rejected + st_.appended + st_.stale == self.results
-        assert st_.launched_normal + st_.launched_spec == self.results + sum(
-            len(x) for x in self.pipe
-        )
+        assert st_.tokens_committed + st_.rows_stale == self.results
+        assert st_.accepted + st_.rejected + st_.appended == st_.tokens_committed
+        assert st_.rows_normal + st_.rows_spec == self.results + sum(len(x) for x in self.pipe)
 
 
 TestSPMachine = SPMachine.TestCase
@@ -392,7 +391,7 @@ def test_long_random_runs(seed: int) -> None:
             m.step(rng.randrange(2**16), rng.randint(1, 4), rng.choice([0.5, 0.9]), 0.5)
         m.bookkeeping()
     st_ = m.s.stats
-    assert st_.accepted and st_.rejected and st_.stale and st_.drafts_dropped or m.n == 1
+    assert st_.accepted and st_.rejected and st_.rows_stale and st_.drafts_dropped or m.n == 1
     m.teardown()
 
 

@@ -189,20 +189,20 @@ def test_the_wrapped_methods_are_the_ones_sglangs_event_loop_pp_calls():
 
 
 def test_stat_deltas_count_every_counter_and_no_gauge():
-    from spexis_sglang.srt.stats import STAT_GAUGES, SpexisStats, stat_deltas
+    from spexis_sglang.core.sp_stats import SPStats
+    from spexis_sglang.srt.stats import STAT_GAUGES, spexis_state, stat_deltas
 
-    stats = SpexisStats()
-    before = stats.as_dict()
+    stats, phases = SPStats(), PhaseTimer(SP_PHASES)
+    before = spexis_state(stats, phases)
     for name in stats.__dataclass_fields__:
-        if name != "phases":
-            setattr(stats, name, getattr(stats, name) + 2)
-    stats.phases.start()
-    stats.phases.mark("schedule")
-    stats.phases.commit()
-    delta = stat_deltas(before, stats.as_dict())
-    assert not set(STAT_GAUGES) & set(delta)
+        setattr(stats, name, getattr(stats, name) + 2)
+    phases.start()
+    phases.mark("schedule")
+    phases.commit()
+    delta = stat_deltas(before, spexis_state(stats, phases))
+    assert set(STAT_GAUGES) == {"alpha", "new_token_ratio"} and not set(STAT_GAUGES) & set(delta)
     ints = {k: v for k, v in delta.items() if not k.endswith("_s")}
-    assert ints == {k: 2 for k in stats.__dataclass_fields__ if k not in STAT_GAUGES + ("phases",)}
+    assert ints == {k: 2 for k in stats.__dataclass_fields__ if k not in STAT_GAUGES}
     assert delta["cpu_busy_s"] >= 0 and "time_schedule_s" in delta
     # derived ratios are not counters
     assert "acceptance_rate" not in delta and "effective_batch_ratio" not in delta

@@ -14,8 +14,8 @@ import pytest
 
 from spexis_sglang.core.online_alpha import rank_bins
 from spexis_sglang.core.slot_state import SlotState, Verdict
+from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.sp_alpha import AlphaController
-from spexis_sglang.srt.stats import SpexisStats
 
 
 def true_token(slot: int, position: int) -> int:
@@ -154,7 +154,7 @@ def test_a_prefill_between_launches_discards_the_sample() -> None:
 
 
 def test_auto_moves_alpha_and_fixed_only_observes() -> None:
-    stats = SpexisStats()
+    stats = SPStats()
     auto = AlphaController(64, depth=2, num_stages=2, auto=True, interval=25)
     fixed = AlphaController(64, depth=2, num_stages=2, alpha=0.0)
     for ctrl in (auto, fixed):

@@ -66,7 +66,8 @@ from .selection import (
     select_drops,
 )
 from .slot_state import Results, Rows, SlotState, SlotStateError, SlotStatus, Verdict
-from .sp_state import Outcome, RowPlan, SPProtocolError, SPState, SPStats
+from .sp_state import Outcome, RowPlan, SPProtocolError, SPState
+from .sp_stats import SPStats
 
 __all__ = [
     "AdmissionDecision",

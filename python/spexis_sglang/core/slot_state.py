@@ -82,7 +82,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .selection import select_drops
-from .sp_state import Outcome, SPProtocolError, SPStats
+from .sp_state import Outcome, SPProtocolError
+from .sp_stats import SPStats
 
 __all__ = ["NO_LIMIT", "Results", "Rows", "SlotState", "SlotStateError", "SlotStatus", "Verdict"]
 
@@ -290,6 +291,8 @@ class SlotState:
         # bumped by every event that changes the state: rows planned at this version are
         # still the plan (Rows.plan; on_launch skips its per-row checks for them)
         self._version = 0
+        # rows, verdicts and declined drafts are counted here; the scheduler counts the rest
+        # into the same object and exports it (SPStats)
         self.stats = SPStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -463,7 +466,7 @@ class SlotState:
         A request without a row waits for verification (its draft is not made yet, was dropped,
         or ``max_unverified`` drafts are in flight). A speculative row the request could not use
         (``position + 1 >= limit``) is not returned and its draft is dropped
-        (``SPState.drop_draft``, counted in ``stats.drafts_dropped``). A ``pipelined`` state
+        (``SPState.drop_draft``, counted in ``stats.drafts_withheld``). A ``pipelined`` state
         keeps such a draft pending and returns its row only when the row has an alternative
         the request can use (``patchable``: a rejection by the oldest batch makes it the normal
         row at ``V``, useful while ``V + 1 < limit``).
@@ -496,7 +499,7 @@ class SlotState:
         elif useless.any():
             self._version += 1
             self._has_pending[s[useless]] = False
-            self.stats.drafts_dropped += int(np.count_nonzero(useless))
+            self.stats.drafts_withheld += int(np.count_nonzero(useless))
             spec &= ~useless
         keep = normal | spec
         if not keep.all():  # the steady state keeps every request: no copies then
@@ -505,13 +508,18 @@ class SlotState:
         conf = np.where(spec, self._pending_conf[s], 1.0)
         return Rows(s, f, self._epoch[s], spec, token, conf, self._version)
 
-    def drop(self, slots: np.ndarray | int) -> None:
+    def drop(self, slots: np.ndarray | int, selective: bool = False) -> None:
         """Decline the pending drafts of these requests (``SPState.drop_draft``): they wait
-        for verification. Remove their rows from the batch as well (:meth:`Rows.without`)."""
+        for verification. Remove their rows from the batch as well (:meth:`Rows.without`).
+        ``selective``: stage 0's selective speculation declined them (the drops a later rank
+        applies), counted in ``stats.drafts_dropped``; else ``stats.drafts_withheld``."""
         s = self._active(slots)
         self._version += 1
-        had = self._has_pending[s]
-        self.stats.drafts_dropped += int(np.count_nonzero(had))
+        had = int(np.count_nonzero(self._has_pending[s]))
+        if selective:
+            self.stats.drafts_dropped += had
+        else:
+            self.stats.drafts_withheld += had
         self._has_pending[s] = False
 
     def select(self, rows: Rows, alpha: float) -> tuple[Rows, np.ndarray]:
@@ -610,8 +618,8 @@ class SlotState:
         self._ring_tok[s, col] = token
         self._ring_conf[s, col] = conf
         n_spec = int(np.count_nonzero(spec))
-        self.stats.launched_spec += n_spec
-        self.stats.launched_normal += n - n_spec
+        self.stats.rows_spec += n_spec
+        self.stats.rows_normal += n - n_spec
         front = pos + 1
         self._has_pending[s] = False
         self._inflight[s] = inflight + 1
@@ -802,8 +810,8 @@ class SlotState:
             at_limit[valid] = v_limit
         self.stats.accepted += n_acc
         self.stats.rejected += n_rej
-        self.stats.appended += vs.size - n_acc - n_rej
-        self.stats.stale += n - vs.size
+        self.stats.tokens_committed += vs.size
+        self.stats.rows_stale += n - vs.size
         return Results(rows, verdict, y, valid, at_limit)
 
     # ------------------------------------------------------------------ helpers
@@ -854,9 +862,7 @@ class SlotState:
             self._ring_conf[cs, col] = 1.0
             self._frontier[cs] = pos + 1
             k = int(hit.size)
-            self.stats.launched_spec -= k
-            self.stats.launched_normal += k
-            self.stats.converted += k
+            self.stats.rows_redone += k
 
     def _free(self, s: np.ndarray) -> None:
         self._status[s] = _FREE

@@ -61,8 +61,9 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import Hashable, Iterable, NamedTuple
+
+from .sp_stats import SPStats
 
 logger = logging.getLogger(__name__)
 
@@ -96,22 +97,6 @@ class RowPlan(NamedTuple):
     is_spec: bool
     confidence: float
     epoch: int
-
-
-@dataclass
-class SPStats:
-    """Counters, for metrics and for checking Eq. 2 against reality."""
-
-    launched_normal: int = 0
-    launched_spec: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    appended: int = 0
-    stale: int = 0
-    drafts_dropped: int = 0
-    #: speculative rows launched before their chain's verdict and, on a rejection, run as the
-    #: normal row the rejection asked for (``SlotState.conditional_alternatives``)
-    converted: int = 0
 
 
 class _Req:
@@ -336,7 +321,7 @@ class SPState:
                     f"{req.pending[0]}"
                 )
             req.drafts.append((position, int(token), float(confidence)))
-            self.stats.launched_spec += 1
+            self.stats.rows_spec += 1
         else:
             if req.frontier != req.verified_len - 1:
                 raise SPProtocolError(
@@ -348,7 +333,7 @@ class SPState:
                     f"request {rid!r}: normal row token {token} is not the verified token "
                     f"{req.last_token}"
                 )
-            self.stats.launched_normal += 1
+            self.stats.rows_normal += 1
         req.pending = None
         req.inflight.append((position, req.epoch))
         req.frontier = position + 1
@@ -376,12 +361,19 @@ class SPState:
         req.pending = (int(token), float(confidence))
         return True
 
-    def drop_draft(self, rid: Hashable) -> None:
-        """Selective speculation declined the pending draft: wait for verification instead."""
+    def drop_draft(self, rid: Hashable, selective: bool = False) -> None:
+        """Decline the pending draft: the request waits for verification instead.
+
+        ``selective``: selective speculation declined it (``stats.drafts_dropped``); otherwise
+        it could not be launched (length limit, KV memory: ``stats.drafts_withheld``).
+        """
         req = self._get(rid)
         if req.pending is not None:
             req.pending = None
-            self.stats.drafts_dropped += 1
+            if selective:
+                self.stats.drafts_dropped += 1
+            else:
+                self.stats.drafts_withheld += 1
 
     def on_result(
         self,
@@ -411,11 +403,11 @@ class SPState:
                 if not rows:
                     del self._draining[rid]
                     self._drained.append(rid)
-            self.stats.stale += 1
+            self.stats.rows_stale += 1
             return Outcome.STALE
         self._pop_row(rid, req.inflight, position, epoch)
         if epoch != req.epoch:
-            self.stats.stale += 1
+            self.stats.rows_stale += 1
             return Outcome.STALE
         if position != req.verified_len - 1:
             raise SPProtocolError(
@@ -433,6 +425,7 @@ class SPState:
                 raise SPProtocolError(
                     f"request {rid!r}: oldest draft at {d_pos}, expected {position + 1}"
                 )
+            self.stats.tokens_committed += 1
             if d_tok == true_token:
                 self.stats.accepted += 1
                 return Outcome.ACCEPTED
@@ -446,7 +439,7 @@ class SPState:
         # position is obsolete now: the next row is a normal row with the true token.
         if req.frontier == position + 1:
             req.pending = None
-        self.stats.appended += 1
+        self.stats.tokens_committed += 1
         return Outcome.APPENDED
 
     @staticmethod

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spexis_sglang.core.lookahead import DEFAULT_THRESHOLDS
 from spexis_sglang.models.artifact import (
     ArtifactConfig,
     ArtifactMismatchError,
@@ -52,7 +53,6 @@ from spexis_sglang.models.draft_head import RMSNorm
 logger = logging.getLogger(__name__)
 
 KIND = "length_predictor"
-DEFAULT_THRESHOLDS = (4, 8, 16, 32, 64)
 FEATURES = ("tokens_generated", "prompt_len")
 OUTPUTS = ("independent", "cumulative")
 

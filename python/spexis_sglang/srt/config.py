@@ -23,6 +23,8 @@ from spexis_sglang.srt.request_checks import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_
 ENV_CONFIG = "SPEXIS_CONFIG"
 # Read by the stage-0 model (draft head location), see srt/draft_model.py.
 ENV_DRAFT_HEAD = "SPEXIS_DRAFT_HEAD"
+#: a draft head value ``random:SEED``: an untrained head, deterministic given the seed
+RANDOM_HEAD_PREFIX = "random:"
 
 # Developer aids, read in the scheduler processes (all off by default):
 #: a file to which stage 0 (TP rank 0) appends one JSON line per eager forward (draft_model)
@@ -57,6 +59,20 @@ def env_flag(name: str) -> bool:
 def env_value(name: str) -> Optional[str]:
     """A developer setting from the environment (None when unset or empty)."""
     return os.environ.get(name) or None
+
+
+def random_head_seed(value: str) -> Optional[int]:
+    """The seed of a ``random:SEED`` draft head; None for any other value (an artifact).
+
+    Raises ValueError when the seed is not an integer."""
+    value = value.strip()
+    if not value.startswith(RANDOM_HEAD_PREFIX):
+        return None
+    seed = value[len(RANDOM_HEAD_PREFIX) :]
+    try:
+        return int(seed)
+    except ValueError:
+        raise ValueError(f"{value!r}: the seed after {RANDOM_HEAD_PREFIX!r} must be an integer")
 
 
 def share_gpu_mode() -> Optional[str]:

@@ -58,7 +58,7 @@ from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.runtime_context import get_exec
 from torch import nn
 
-from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value
+from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value, random_head_seed
 from spexis_sglang.srt.protocol import (
     PROXY_DRAFT_CONF,
     PROXY_DRAFT_HOST,
@@ -71,7 +71,6 @@ from spexis_sglang.srt.sp_grammar import draft_mask_of
 logger = logging.getLogger(__name__)
 
 
-RANDOM_PREFIX = "random:"
 RANDOM_NUM_LAYERS = 1
 ARTIFACT_CONFIG = "config.json"
 ARTIFACT_WEIGHTS = "model.safetensors"
@@ -160,14 +159,12 @@ def random_draft_head_weights(
 def parse_draft_head_value(value: str) -> Tuple[str, Any]:
     """``("random", seed)`` or ``("artifact", directory)``; raises DraftHeadError when malformed."""
     value = value.strip()
-    if value.startswith(RANDOM_PREFIX):
-        seed = value[len(RANDOM_PREFIX) :]
-        try:
-            return "random", int(seed)
-        except ValueError:
-            raise DraftHeadError(
-                f"{ENV_DRAFT_HEAD}={value!r}: the seed after 'random:' must be an integer"
-            ) from None
+    try:
+        seed = random_head_seed(value)
+    except ValueError as e:
+        raise DraftHeadError(f"{ENV_DRAFT_HEAD}={e}") from None
+    if seed is not None:
+        return "random", seed
     path = os.path.expanduser(value)
     if not os.path.isdir(path):
         raise DraftHeadError(

@@ -2,16 +2,31 @@
 
 SGLang sets up multiprocess Prometheus collection when ``--enable-metrics`` is on; metrics
 created in a scheduler process with the scheduler's labels appear next to ``sglang:*``.
-Only stage 0 reports (every rank sees the same verdicts, so one is enough).
+Only stage 0 reports (every rank sees the same verdicts, so one is enough). The series are
+read from the scheduler's one set of counters (:class:`~spexis_sglang.core.sp_stats.SPStats`),
+the object ``/server_info`` exports too; what each counts is said there and in docs/metrics.md.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Sequence
 
+from spexis_sglang.core.sp_stats import SPStats
+
+# Prometheus counter label -> SPStats field, per labelled series
+_ROW_KINDS = (
+    ("normal", "rows_normal"),
+    ("spec", "rows_spec"),
+    ("stale", "rows_stale"),
+    ("redone", "rows_redone"),
+)
+_VERDICTS = (("accepted", "accepted"), ("rejected", "rejected"))
+_FORWARD_MODES = (("graph", "decode_graph_replays"), ("eager", "decode_eager_forwards"))
+
 
 class SpexisMetrics:
-    """Counters and gauges fed from :class:`SpexisStats` deltas once per iteration."""
+    """The ``spexis:*`` series, brought up to the scheduler's counters once per iteration
+    (a Prometheus counter only grows by increments: each takes what its field grew by)."""
 
     def __init__(self, labels: Dict[str, str], benchmark_modes: Sequence[str] = ()):
         from prometheus_client import Counter, Gauge
@@ -83,35 +98,33 @@ class SpexisMetrics:
         )
         for mode in benchmark_modes:
             self.benchmark_mode.labels(**self.labels, mode=mode).set(1)
-        self._last: Dict[str, float] = {}
+        # the counters as the series last took them
+        self._taken: Dict[str, int] = dict.fromkeys(SPStats.counter_names(), 0)
 
-    def update(self, stats: Dict[str, float]) -> None:
-        last, self._last = self._last, dict(stats)
+    def update(self, stats: SPStats) -> None:
+        taken = self._taken
 
-        def delta(key: str) -> float:
-            return stats[key] - last.get(key, 0)
+        def grown(field: str) -> int:
+            now = getattr(stats, field)
+            delta, taken[field] = now - taken[field], now
+            return delta
 
-        for kind, key in (
-            ("normal", "rows_normal"),
-            ("spec", "rows_spec"),
-            ("stale", "rows_stale"),
-            ("redone", "rows_redone"),
-        ):
-            if delta(key):
-                self.rows.labels(**self.labels, kind=kind).inc(delta(key))
-        for verdict in ("accepted", "rejected"):
-            if delta(verdict):
-                self.verdicts.labels(**self.labels, verdict=verdict).inc(delta(verdict))
-        if delta("tokens_committed"):
-            self.tokens.labels(**self.labels).inc(delta("tokens_committed"))
-        if delta("drafts_dropped"):
-            self.dropped.labels(**self.labels).inc(delta("drafts_dropped"))
-        for mode, key in (("graph", "decode_graph_replays"), ("eager", "decode_eager_forwards")):
-            if delta(key):
-                self.decode_forwards.labels(**self.labels, mode=mode).inc(delta(key))
-        if delta("admissions_delayed"):
-            self.delayed.labels(**self.labels).inc(delta("admissions_delayed"))
-        self.acceptance.labels(**self.labels).set(stats["acceptance_rate"])
-        self.effective_batch.labels(**self.labels).set(stats["avg_tokens_per_decode_iteration"])
-        self.tokens_per_row.labels(**self.labels).set(stats["effective_batch_ratio"])
-        self.alpha.labels(**self.labels).set(stats["alpha"])
+        for label, field in _ROW_KINDS:
+            if n := grown(field):
+                self.rows.labels(**self.labels, kind=label).inc(n)
+        for label, field in _VERDICTS:
+            if n := grown(field):
+                self.verdicts.labels(**self.labels, verdict=label).inc(n)
+        for label, field in _FORWARD_MODES:
+            if n := grown(field):
+                self.decode_forwards.labels(**self.labels, mode=label).inc(n)
+        if n := grown("tokens_committed"):
+            self.tokens.labels(**self.labels).inc(n)
+        if n := grown("drafts_dropped"):
+            self.dropped.labels(**self.labels).inc(n)
+        if n := grown("admissions_delayed"):
+            self.delayed.labels(**self.labels).inc(n)
+        self.acceptance.labels(**self.labels).set(stats.acceptance_rate)
+        self.effective_batch.labels(**self.labels).set(stats.avg_tokens_per_decode_iteration)
+        self.tokens_per_row.labels(**self.labels).set(stats.effective_batch_ratio)
+        self.alpha.labels(**self.labels).set(stats.alpha)

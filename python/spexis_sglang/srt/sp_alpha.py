@@ -44,9 +44,14 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from spexis_sglang.core.online_alpha import AUTO_ALPHA_INITIAL, OnlineAlpha
+from spexis_sglang.core.online_alpha import (
+    AUTO_ALPHA_EXPLORE,
+    AUTO_ALPHA_INITIAL,
+    AUTO_ALPHA_INTERVAL,
+    OnlineAlpha,
+)
 from spexis_sglang.core.slot_state import Rows, SlotState, Verdict
-from spexis_sglang.srt.stats import SpexisStats
+from spexis_sglang.core.sp_stats import SPStats
 
 __all__ = ["AlphaController"]
 
@@ -75,8 +80,8 @@ class AlphaController:
         num_stages: int,
         alpha: float = 0.0,
         auto: bool = False,
-        interval: int = 50,
-        explore: int = 8,
+        interval: int = AUTO_ALPHA_INTERVAL,
+        explore: int = AUTO_ALPHA_EXPLORE,
         clock=time.perf_counter,
         observe_every: int = 1,
     ) -> None:
@@ -180,7 +185,7 @@ class AlphaController:
             bins, acc = bins[seen], acc[seen]
         self.online.record_verdicts(bins, acc, self._weight)
 
-    def update_stats(self, stats: SpexisStats) -> None:
+    def update_stats(self, stats: SPStats) -> None:
         """The alpha in force and the chooser's counters, for the log line and metrics."""
         stats.alpha = self.alpha
         stats.alpha_changes = self.online.changes

@@ -134,15 +134,10 @@ class SPBatchMixin:
             else:
                 alternatives = None
         meta = self._sp_alloc_kv(rows, alternatives, transit_rows)
-        launched_spec = sp.slots.stats.launched_spec
-        sp.slots.on_launch(rows, alternatives=alternatives)
+        sp.slots.on_launch(rows, alternatives=alternatives)  # counts the rows by kind
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
-        st = sp.stats
-        n_spec = sp.slots.stats.launched_spec - launched_spec  # SlotState counts them
-        st.rows_spec += n_spec
-        st.rows_normal += len(rows) - n_spec
-        st.decode_iterations += 1
+        sp.stats.decode_iterations += 1
         return self._sp_decode_batch(rows, *meta, has_alternatives=alternatives is not None)
 
     def _sp_transit_rows(self: SpexisScheduler, transit: ScheduleBatch, rows: Rows) -> np.ndarray:
@@ -367,11 +362,10 @@ class SPBatchMixin:
         else:
             dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
             if dropped.size:
-                sp.slots.drop(dropped)
+                sp.slots.drop(dropped, selective=True)
                 rows = rows.without(dropped)
-        if dropped.size:
+        if dropped.size:  # (SlotState counts them in stats.drafts_dropped)
             plan_out.dropped = dropped.tolist()
-            sp.stats.drafts_dropped += int(dropped.size)
         return rows
 
     def sp_fit_memory(self: SpexisScheduler, rows: Rows) -> Rows:

@@ -132,7 +132,7 @@ class SPDraftsMixin:
         self._sp_apply_late_buckets()
         if not sp.pending_drafts:
             return
-        with sp.stats.phases.phase("draft_sync"):
+        with sp.phases.phase("draft_sync"):
             pending, sp.pending_drafts = sp.pending_drafts, []
             read = self._sp_needs_draft_values()
             if not read and sp.alpha is not None and sp.alpha.wants_confidences():

@@ -46,47 +46,53 @@ class SPLoopMixin:
         host's work for every iteration adds to the pipeline's critical path.
         """
         self.init_sp_state()
-        sp = self.sp
-        timer = sp.stats.phases
         profiler = self._sp_maybe_profiler()
         while True:
             if profiler is not None:
                 profiler.tick()
             server_is_idle = True
             for mb_id in range(self.pp_loop_size):
-                timer.start()
-                self.running_batch = sp.running
-                # launched N iterations ago: its outputs arrive in this one
-                transit_id = (mb_id + 1) % self.pp_loop_size
-                transit = self.mbs[transit_id]
-
-                cur_batch = self._sp_schedule(transit)
-                self.mbs[mb_id] = cur_batch
-                timer.mark("schedule")
-                outputs = self._sp_collect(transit, transit_id)
-                timer.mark("wait_output")
-                result = None
-                if cur_batch:
+                if self.sp_iteration(mb_id):
                     server_is_idle = False
-                    result = self._sp_launch(mb_id, cur_batch, outputs)
-                timer.mark("launch")
-                if cur_batch:
-                    self._sp_send(cur_batch, result)
-                timer.mark("send")
-                if transit is not None:
-                    self._sp_verify(transit, outputs)
-                    self.last_mbs[transit_id] = transit
-                    timer.mark("process")
-                self.sp_release_drained()
-                sp.iteration += 1
-                if cur_batch is not None or transit is not None:
-                    timer.commit()
-                else:
-                    timer.discard()  # idle
-
             if server_is_idle:
                 self.on_idle()
             self.sp_maybe_log()
+
+    def sp_iteration(self: SpexisScheduler, mb_id: int) -> bool:
+        """One iteration on micro-batch slot ``mb_id``: schedule, collect, launch, send,
+        verify. Returns whether it launched a batch (the contract test drives the loop
+        through this, with the stages and the device scripted)."""
+        sp = self.sp
+        timer = sp.phases
+        timer.start()
+        self.running_batch = sp.running
+        # launched N iterations ago: its outputs arrive in this one
+        transit_id = (mb_id + 1) % self.pp_loop_size
+        transit = self.mbs[transit_id]
+
+        cur_batch = self._sp_schedule(transit)
+        self.mbs[mb_id] = cur_batch
+        timer.mark("schedule")
+        outputs = self._sp_collect(transit, transit_id)
+        timer.mark("wait_output")
+        result = None
+        if cur_batch:
+            result = self._sp_launch(mb_id, cur_batch, outputs)
+        timer.mark("launch")
+        if cur_batch:
+            self._sp_send(cur_batch, result)
+        timer.mark("send")
+        if transit is not None:
+            self._sp_verify(transit, outputs)
+            self.last_mbs[transit_id] = transit
+            timer.mark("process")
+        self.sp_release_drained()
+        sp.iteration += 1
+        if cur_batch is not None or transit is not None:
+            timer.commit()
+        else:
+            timer.discard()  # idle
+        return bool(cur_batch)
 
     def _sp_schedule(
         self: SpexisScheduler, transit: Optional[ScheduleBatch]

@@ -1,5 +1,5 @@
 """What the SP loop tells: the periodic statistics line and the Prometheus series (one counter
-set, ``SpexisStats``), and the labels of the benchmark-only modes.
+set, ``SPStats``, which ``/server_info`` exports too), and the labels of the benchmark-only modes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class SPObserveMixin:
     def sp_maybe_log(self: SpexisScheduler) -> None:
         stats = self.sp.stats
         if self.sp_metrics is not None and stats.decode_iterations:
-            self.sp_metrics.update(stats.as_dict())
+            self.sp_metrics.update(stats)
         interval = self.spexis_config.log_interval
         if interval <= 0 or not self.sp.rank0:
             return
@@ -31,21 +31,20 @@ class SPObserveMixin:
             return  # nothing new to say (idle)
         self.sp_last_log = now
         self.sp_last_logged_iterations = stats.decode_iterations
-        s = stats.as_dict()
         logger.info(
             "".join(f"[BENCHMARK {m.replace('_', ' ')}] " for m in self._sp_benchmark_modes())
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "
             "normal %d, spec %d, stale %d, dropped %d, alpha %.2f, delayed admissions %d",
-            s["acceptance_rate"],
-            s["effective_batch_ratio"],
-            s["avg_rows_per_decode_iteration"],
-            s["avg_tokens_per_decode_iteration"],
-            s["rows_normal"],
-            s["rows_spec"],
-            s["rows_stale"],
-            s["drafts_dropped"],
-            s["alpha"],
-            s["admissions_delayed"],
+            stats.acceptance_rate,
+            stats.effective_batch_ratio,
+            stats.avg_rows_per_decode_iteration,
+            stats.avg_tokens_per_decode_iteration,
+            stats.rows_normal,
+            stats.rows_spec,
+            stats.rows_stale,
+            stats.drafts_dropped,
+            stats.alpha,
+            stats.admissions_delayed,
         )
 
     def _sp_benchmark_modes(self: SpexisScheduler) -> List[str]:

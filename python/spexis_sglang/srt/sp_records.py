@@ -15,13 +15,14 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
 from spexis_sglang.core.slot_state import Rows, SlotState
+from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.host_staging import HostReadback, HostStaging
 from spexis_sglang.srt.protocol import PLACEHOLDER_TOKEN, PROXY_DRAFT_IDS, unpack_drafts
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit
 from spexis_sglang.srt.sp_forced import ForcedAcceptance
 from spexis_sglang.srt.sp_sampling import SlotSampling
-from spexis_sglang.srt.stats import SpexisStats
+from spexis_sglang.srt.stats import SP_PHASES, PhaseTimer
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,8 @@ class SPLoopState:
     rank0: bool
     #: stage 0's drop ratio, fixed or chosen online (None on the other ranks)
     alpha: Optional[AlphaController] = None
-    stats: SpexisStats = field(default_factory=SpexisStats)
+    #: this rank's loop by phase (seconds, cumulative; exported with the counters)
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)
     iteration: int = 0
     #: released requests whose KV is freed once their rows have drained: slot -> (req, retracted)
     draining: Dict[int, Tuple[Req, bool]] = field(default_factory=dict)
@@ -194,6 +196,11 @@ class SPLoopState:
     admissions_delayed: Set[str] = field(default_factory=set)
     #: our record of each batch in flight, by ``id`` of SGLang's batch (see SPBatch)
     batches: Dict[int, SPBatch] = field(default_factory=dict)
+
+    @property
+    def stats(self) -> SPStats:
+        """The counters: the SP state counts rows and verdicts, the loop the rest."""
+        return self.slots.stats
 
     def record(self, batch) -> Optional[SPBatch]:
         """Our record of ``batch`` (None: not a batch this loop launched)."""

@@ -86,11 +86,11 @@ from spexis_sglang.srt.sp_observe import SPObserveMixin
 from spexis_sglang.srt.sp_records import SPLoopState
 from spexis_sglang.srt.sp_setup import SPSetupMixin
 from spexis_sglang.srt.sp_verify import SPVerifyMixin
-from spexis_sglang.srt.stats import SpexisStats, StockPPPhaseTimers, phase_timers_enabled
+from spexis_sglang.srt.stats import StockPPPhaseTimers, phase_timers_enabled, spexis_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler", "SpexisStats"]
+__all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler"]
 
 
 class SpexisScheduler(
@@ -115,10 +115,6 @@ class SpexisScheduler(
     @property
     def sp_enabled(self) -> bool:
         return self.spexis_config.enabled and self.ps.pp_size > 1
-
-    @property
-    def sp_stats(self) -> SpexisStats:
-        return self.sp.stats
 
     def init_tp_model_worker(self):
         if not self.spexis_config.enabled:
@@ -254,7 +250,7 @@ class SpexisScheduler(
     def get_internal_state(self, recv_req):
         ret = super().get_internal_state(recv_req)
         if self.sp_enabled and self.sp is not None:
-            ret.internal_state["spexis"] = self.sp.stats.as_dict()
+            ret.internal_state["spexis"] = spexis_state(self.sp.stats, self.sp.phases)
             if self.sp.alpha is not None:
                 ret.internal_state["spexis_alpha"] = self.sp.alpha.as_dict()
             if self.sp_length_oracle is not None:

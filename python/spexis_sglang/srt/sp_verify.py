@@ -48,24 +48,15 @@ class SPVerifyMixin:
         if forced is not None:
             # Benchmark-only: pretend the target agreed with the draft w.p. theta (timed
             # apart: a serving loop does not do this)
-            with sp.stats.phases.phase("forced"):
+            with sp.phases.phase("forced"):
                 built_on_draft = sp.slots.verifies_draft(rows)
                 true_ids = forced.true_tokens(rows, true_ids, drafts, built_on_draft)
-        counts = sp.slots.stats  # SlotState counts the verdicts it gives
-        accepted, rejected, stale = counts.accepted, counts.rejected, counts.stale
-        redone = counts.converted
+        # SlotState counts the verdicts, stale rows and redone rows into sp.stats
         res = sp.slots.on_result(true_ids, launched_drafts=drafts)
         if sp.alpha is not None:
             sp.alpha.on_result(rows, res.verdict)
-        st = sp.stats
-        st.accepted += counts.accepted - accepted
-        st.rejected += counts.rejected - rejected
-        # launched as speculative rows, run as the normal rows the rejections asked for
-        st.rows_redone += counts.converted - redone
-        n_stale = counts.stale - stale
-        n_committed = len(rows) - n_stale
-        st.rows_stale += n_stale
-        st.tokens_committed += n_committed
+        n_committed = int(np.count_nonzero(res.committed))
+        n_stale = len(rows) - n_committed
         if n_committed == 0:
             return
         if record.plain:

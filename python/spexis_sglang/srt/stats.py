@@ -25,14 +25,12 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
+from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.config import ENV_PHASE_TIMERS, env_flag
-
-PHASE_TIMERS_ENV = ENV_PHASE_TIMERS  # the name benchmarks set
 
 # the SP loop's phases, in loop order (sp_scheduler.event_loop_sp); "forced" is the
 # benchmark-only forced acceptance (--spexis-benchmark-force-accept), a span inside
@@ -197,7 +195,7 @@ class StockPPPhaseTimers:
         scheduler.request_receiver = _TimedReceiver(
             receiver, self._wrap_iteration_start(receiver.recv_requests)
         )
-        logger.info("%s=1: timing stock event_loop_pp by phase", PHASE_TIMERS_ENV)
+        logger.info("%s=1: timing stock event_loop_pp by phase", ENV_PHASE_TIMERS)
 
     def _wrap(self, fn: Callable, phase: str) -> Callable:
         span = self.timer.phase(phase)
@@ -319,83 +317,20 @@ class GpuForwardTimer:
         return {k: [n, round(t / n, 4)] for k, (n, t) in sorted(self.totals.items())}
 
 
-@dataclass
-class SpexisStats:
-    """Counters behind the metrics (acceptance, effective batch, row kinds)."""
-
-    iterations: int = 0
-    decode_iterations: int = 0
-    rows_normal: int = 0
-    rows_spec: int = 0
-    rows_stale: int = 0
-    #: launched as speculative rows before their chain's verdict and run by the device as the
-    #: normal row the rejection asked for (a subset of rows_spec)
-    rows_redone: int = 0
-    tokens_committed: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    drafts_dropped: int = 0
-    # look-ahead admission: requests held back at least once that SGLang's reservation would
-    # have admitted, iterations that held some back, requests admitted while SGLang's
-    # reservation would still have held them back
-    admissions_delayed: int = 0
-    admission_gated_iterations: int = 0
-    admissions_early: int = 0
-    # requests retracted when the verified rows did not fit the KV pool; and SGLang's
-    # admission reservation ratio (new_token_ratio) in force, decayed and reset as stock does
-    retractions: int = 0
-    new_token_ratio: float = 0.0
-    # decode rows the length predictor said end within 64 tokens (bucket >= 0)
-    rows_predicted_ending: int = 0
-    # this rank's decode forwards: replayed from a captured CUDA graph, or run eagerly (every
-    # CPU forward; on a GPU a batch above --cuda-graph-max-bs): shows a benchmark used graphs
-    decode_graph_replays: int = 0
-    decode_eager_forwards: int = 0
-    # selective speculation on stage 0: the drop ratio in force (fixed, or the latest online
-    # choice under --spexis-alpha auto), how often the online choice changed it, and the
-    # iterations run at alpha 0 to explore the ranks it drops
-    alpha: float = 0.0
-    alpha_changes: int = 0
-    alpha_explore_iterations: int = 0
-    # This rank's event loop by phase (seconds, cumulative), wall (time_*_s: where an iteration
-    # goes, waits included) and thread CPU (cpu_*_s: what the loop itself costs); exported flat
-    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(SP_PHASES), repr=False)
-
-    @property
-    def acceptance_rate(self) -> float:
-        n = self.accepted + self.rejected
-        return self.accepted / n if n else 0.0
-
-    @property
-    def rows(self) -> int:
-        return self.rows_normal + self.rows_spec
-
-    @property
-    def effective_batch_ratio(self) -> float:
-        """Committed tokens per launched decode row (1.0 = no row wasted)."""
-        return self.tokens_committed / self.rows if self.rows else 0.0
-
-    def as_dict(self) -> Dict[str, float]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}
-        d.update(self.phases.as_dict())
-        d["acceptance_rate"] = self.acceptance_rate
-        d["effective_batch_ratio"] = self.effective_batch_ratio
-        d["avg_rows_per_decode_iteration"] = (
-            self.rows / self.decode_iterations if self.decode_iterations else 0.0
-        )
-        d["avg_tokens_per_decode_iteration"] = (
-            self.tokens_committed / self.decode_iterations if self.decode_iterations else 0.0
-        )
-        return d
+def spexis_state(stats: SPStats, phases: PhaseTimer) -> Dict[str, float]:
+    """A rank's ``/server_info`` ``internal_states[i]["spexis"]``: the counters and their
+    ratios (:meth:`SPStats.as_dict`) and the loop's seconds by phase (wall ``time_*_s``: where
+    an iteration goes, waits included; thread CPU ``cpu_*_s``: what the loop itself costs)."""
+    d = stats.as_dict()
+    d.update(phases.as_dict())
+    return d
 
 
-# SpexisStats fields that are levels, not counts: a difference of two snapshots means nothing
-STAT_GAUGES = ("alpha", "new_token_ratio")
-# every cumulative key of SpexisStats.as_dict(): counters and phase seconds, the keys whose
+# exported keys that are levels, not counts: a difference of two snapshots means nothing
+STAT_GAUGES = SPStats.gauge_names()
+# every cumulative key of spexis_state(): counters and phase seconds, the keys whose
 # difference between two /server_info snapshots is what happened in between
-STAT_COUNTERS: tuple[str, ...] = tuple(
-    k for k in SpexisStats.__dataclass_fields__ if k not in STAT_GAUGES and k != "phases"
-) + tuple(PhaseTimer(SP_PHASES).as_dict())
+STAT_COUNTERS: tuple[str, ...] = SPStats.counter_names() + tuple(PhaseTimer(SP_PHASES).as_dict())
 
 
 def stat_deltas(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
