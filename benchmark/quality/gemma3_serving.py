@@ -10,7 +10,7 @@ greedy requests to both, counts identical outputs, and records live acceptance f
     python benchmark/quality/gemma3_serving.py --model-path GEMMA_DIR --heads HEADS \
         --out benchmark/results/quality_gemma3_270m.json
 
-The prompts are the training run's held-out test prompts (``HEADS/work/data/*_test``), sent
+The prompts are the training run's held-out test prompts (``HEADS/<run>/data/*_test``), sent
 as the token ids the model was evaluated on.
 """
 
