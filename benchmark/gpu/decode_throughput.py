@@ -172,6 +172,7 @@ def plan_configs(
                     n,
                     _sp_args(n, thetas[0]) + ["--spexis-alpha", "auto"],
                     variants=variants,
+                    alpha_auto=True,
                 )
             )
         if "spold" in kinds and thetas and old_python:
@@ -361,6 +362,8 @@ def one_run(
         from spexis_sglang.srt.stats import stat_deltas
 
         delta = stat_deltas(before, after)
+        if "alpha" in after:  # the drop ratio in force at the end (--spexis-alpha auto moves it)
+            delta["alpha_end"] = after["alpha"]
     bad = [
         o for o in out if (o.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort"
     ]
@@ -422,6 +425,7 @@ def measure_batch(
                 "d_decode_iterations": diters,
                 "iter_time_s": (t_l - t_s) / diters if diters > 0 else None,
                 "rows_per_iteration": (rows(d_l) - rows(d_s)) / diters if diters > 0 else None,
+                "alpha_end": d_l.get("alpha_end"),
                 "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
                 "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
                 # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
@@ -561,7 +565,24 @@ def run_config(
                     continue
                 try:
                     micro = set_micro_batch_cap(srv, cfg, v, b, a)
+                    warm_s = None
+                    if cfg.get("alpha_auto") and a.auto_warmup_len > 0:
+                        # --spexis-alpha auto follows the load over a few hundred iterations
+                        # (its estimates' half-life): measure it settled at this B and Theta,
+                        # as a server under a steady load would run
+                        warm_s, _, _ = one_run(
+                            srv,
+                            rng,
+                            b,
+                            in_len,
+                            a.auto_warmup_len,
+                            vocab,
+                            a.request_timeout,
+                            v.get("theta"),
+                        )
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
+                    if warm_s is not None:
+                        rec["auto_warmup_s"] = round(warm_s, 3)
                     if micro:
                         rec["pp_max_micro_batch_size"] = micro
                 except Exception as e:  # noqa: BLE001 - record and go on
@@ -856,6 +877,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=0,
         help="seconds for the whole script (0 = none); a server is started only with "
         "--min-server-s left, a batch only with --min-batch-s left",
+    )
+    p.add_argument(
+        "--auto-warmup-len",
+        type=int,
+        default=256,
+        help="--spexis-alpha auto servers: a batch of this many new tokens before each point "
+        "(alpha settles at the point's load); 0: none",
     )
     p.add_argument("--min-server-s", type=float, default=120)
     p.add_argument("--min-batch-s", type=float, default=15)

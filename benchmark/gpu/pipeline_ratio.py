@@ -116,6 +116,10 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     row["stage0_gpu_ms"] = t0
                     row["iter_over_gpu"] = round(1e3 * it / t0, 3)
                 row["phase_ms"] = spx.get("phase_ms_per_iteration")
+                if spx.get("rows_per_iteration") is not None:
+                    row["rows_per_iteration"] = round(spx["rows_per_iteration"], 1)
+                if spx.get("alpha_end") is not None:
+                    row["alpha_end"] = spx["alpha_end"]
                 out.append(row)
     return out
 

@@ -53,7 +53,7 @@ class Pipeline:
             self._recorded = True
             assert np.array_equal(bins, self._expect), (bins, self._expect)
             self.checked += len(bins)
-            self.weights.add(weight)
+            self.weights.update(np.unique(np.atleast_1d(weight)).tolist())
             real(bins, accepted, weight)
 
         ctrl.online.record_verdicts = check
@@ -119,6 +119,7 @@ def test_each_verdict_is_credited_to_the_bin_its_draft_was_launched_in(n, auto) 
     pipe = Pipeline(ctrl, n, b=24, seed=n)
     for _ in range(600):
         pipe.step()
+    # alpha inside (0, 1): the confidences are read for the drops, every iteration observed
     assert pipe.checked == pipe.verdicts["accepted"] + pipe.verdicts["rejected"] > 1000
     assert pipe.unobserved == 0 and pipe.weights == {1.0}
     # a calibrated head: the most confident ranks are accepted more often than the least
@@ -204,15 +205,59 @@ def test_fixed_alpha_observes_a_sample_and_drops_the_same_rows(n, alpha) -> None
     assert np.allclose(sampled.as_dict()["profile"], full.as_dict()["profile"], atol=0.15)
 
 
-def test_auto_observes_every_iteration() -> None:
-    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, observe_every=8)
-    assert ctrl.observe_every == 1
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_auto_at_zero_or_one_observes_its_explore_iterations(alpha) -> None:
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=10**9, observe_every=3)
+    assert ctrl.observe_every == 8  # its explore period, whatever --spexis-alpha-observe says
+    ctrl.online.alpha = alpha
     pipe = Pipeline(ctrl, 2, b=24, seed=3)
+    for _ in range(400):
+        pipe.step()
+    total = pipe.verdicts["accepted"] + pipe.verdicts["rejected"]
+    assert pipe.checked + pipe.unobserved == total and pipe.checked > 0
+    assert pipe.weights == {8.0}
+    if alpha == 0.0:  # at alpha 1 only the explore iterations launch drafts at all
+        assert total > 1000 and 0.05 * total < pipe.checked < 0.25 * total
+        # every rank launched on those iterations: a calibrated head's profile falls with rank
+        acc = ctrl.online.acceptance_by_bin()
+        assert acc[0] > acc[-1] + 0.2
+    every = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=0)
+    assert every.observe_every == 1
+    pipe = Pipeline(every, 2, b=24, seed=3)
     for _ in range(300):
         pipe.step()
     assert pipe.unobserved == 0 and pipe.weights == {1.0}
     with pytest.raises(ValueError):
         AlphaController(8, depth=2, num_stages=2, observe_every=0)
+
+
+def _waits(ctrl: AlphaController, iterations: int) -> list:
+    """The iterations (1-based) before which the loop must wait for the drafts' confidences."""
+    waits = []
+    for _ in range(iterations):
+        if ctrl.needs_confidences():
+            waits.append(ctrl.online.iteration + 1)
+        ctrl.online.next_iteration(running=32)
+    return waits
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_auto_at_zero_or_one_waits_only_to_observe_or_choose(alpha) -> None:
+    """At alpha 0 or 1 the drops do not depend on confidences: stage 0 waits for them only on
+    its observed (explore) iterations and where the chooser may move alpha."""
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
+    ctrl.online.alpha = alpha
+    assert _waits(ctrl, 80) == [8, 16, 20, 24, 32, 40, 48, 56, 60, 64, 72, 80]
+    assert ctrl.online.alpha == alpha  # nothing measured: the chooser kept it
+
+
+def test_auto_inside_zero_one_and_fixed_alpha_wait_where_drops_need_them() -> None:
+    inside = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
+    inside.online.alpha = 0.3
+    assert _waits(inside, 40) == list(range(1, 41))
+    for alpha, waits in ((0.0, []), (0.3, list(range(1, 41))), (1.0, [])):
+        fixed = AlphaController(64, depth=2, num_stages=2, alpha=alpha)
+        assert _waits(fixed, 40) == waits, alpha
 
 
 def test_weighted_records_count_as_repeated_ones() -> None:

@@ -240,8 +240,8 @@ class OnlineAlpha:
         self.alphas = tuple(sorted(set(float(a) for a in alphas)))
         if not self.alphas or not all(0.0 <= a <= 1.0 for a in self.alphas):
             raise ValueError("alphas must be a non-empty grid in [0, 1]")
-        if not 0.0 <= initial < 1.0:
-            raise ValueError(f"initial alpha must lie in [0, 1), got {initial}")
+        if not 0.0 <= initial <= 1.0:
+            raise ValueError(f"initial alpha must lie in [0, 1], got {initial}")
         self.num_stages = int(num_stages)
         self.interval = int(interval)
         self.explore = int(explore)
@@ -291,22 +291,40 @@ class OnlineAlpha:
             return 0.0
         return self.alpha
 
+    def peek_alpha(self) -> float | None:
+        """The ``alpha`` :meth:`next_iteration` will return, or None where it may re-choose
+        (a choice iteration that is not an explore one): a caller that needs confidences
+        only for drops strictly inside (0, 1) asks this before reading them."""
+        i = self.iteration + 1
+        if self.explore > 1 and i % self.explore == 0:
+            return 0.0
+        if i % self.interval == 0:
+            return None
+        return self.alpha
+
     def rank_bins(self, confidences: Sequence[float] | np.ndarray) -> np.ndarray:
         """Bin of every candidate of this iteration (see :func:`rank_bins`)."""
         return rank_bins(confidences, self.bins)
 
-    def record_verdicts(self, bins: np.ndarray, accepted: np.ndarray, weight: float = 1.0) -> None:
+    def record_verdicts(
+        self, bins: np.ndarray, accepted: np.ndarray, weight: float | np.ndarray = 1.0
+    ) -> None:
         """Verified drafts: the rank bin each was launched in and whether it was accepted.
 
         ``weight``: how many drafts each one stands for (a caller that observes a sample of
-        the iterations weighs them by the inverse of the sampling rate)."""
+        the iterations weighs them by the inverse of the sampling rate), one for all or one
+        per draft."""
         b = np.asarray(bins, dtype=np.int64)
         if b.size == 0:
             return
         if b.min() < 0 or b.max() >= self.bins:
             raise ValueError(f"rank bins must lie in [0, {self.bins}), got {b}")
         acc = np.asarray(accepted, dtype=bool)
-        if weight == 1.0:
+        if isinstance(weight, np.ndarray):
+            w = weight.astype(np.float64)
+            self._verified += np.bincount(b, weights=w, minlength=self.bins)
+            self._accepted += np.bincount(b, weights=w * acc, minlength=self.bins)
+        elif weight == 1.0:
             self._verified += np.bincount(b, minlength=self.bins)
             self._accepted += np.bincount(b, weights=acc.astype(np.float64), minlength=self.bins)
         else:

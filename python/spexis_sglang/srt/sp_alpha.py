@@ -32,8 +32,16 @@ controller costs. An observed iteration's verdicts and latency sample count ``ob
 times (:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_iteration`'s
 ``weight``), so the decayed counts keep their scale (the readiness thresholds and the prior
 weigh as before) and the estimates stay unbiased; they are a sample, so they are noisier.
-The drops themselves never depend on it: a fixed alpha drops the same rows either way, and
-``auto`` always observes every iteration.
+The drops themselves never depend on it: a fixed alpha drops the same rows either way.
+
+``auto`` waits for the confidences only where something depends on them. While its alpha lies
+strictly inside (0, 1) the drops are chosen by confidence, so every iteration reads them and
+is observed (weight 1). At alpha 0 (every draft kept) and alpha 1 (every draft dropped: PP)
+they decide nothing, so stage 0 builds the next batch without waiting for its own forward
+(that wait, the draft_sync phase, cost 1.2-1.5x the forward's GPU time at small batches on the
+GPU); it then observes only its explore iterations (every ``explore``-th, alpha 0: every rank
+launched), each counting ``explore`` times. Latency samples need no confidence: ``auto`` takes
+one at every launch, weight 1.
 """
 
 from __future__ import annotations
@@ -70,7 +78,9 @@ class AlphaController:
         interval, explore: see :class:`OnlineAlpha` (``explore`` applies with ``auto`` only).
         clock: seconds (``time.perf_counter``; tests pass their own).
         observe_every: with a fixed alpha, observe every this-many-th iteration only (its
-            verdicts and latency sample weighted by it); ``auto`` observes every iteration.
+            verdicts and latency sample weighted by it); ``auto`` observes its explore
+            iterations at alpha 0 or 1 and every iteration inside (0, 1) (every iteration
+            when ``explore`` <= 1).
     """
 
     def __init__(
@@ -88,8 +98,11 @@ class AlphaController:
         if observe_every < 1:
             raise ValueError(f"observe_every must be >= 1, got {observe_every}")
         self.auto = bool(auto)
-        self.observe_every = 1 if self.auto else int(observe_every)
-        self._weight = float(self.observe_every)
+        if self.auto:
+            self.observe_every = int(explore) if explore > 1 else 1
+        else:
+            self.observe_every = int(observe_every)
+        self._weight = float(self.observe_every)  # a fixed alpha's latency samples
         # this iteration's candidates were ranked (select); its launch is observed
         self._observed = True
         # decode launches so far, and the count at the latest observed one
@@ -107,6 +120,9 @@ class AlphaController:
         # rank bin of the launched speculative row at (slot, position % depth); -1: launched
         # on an iteration that was not observed (its verdict is not credited)
         self._ring = np.zeros((capacity, self.depth), dtype=np.int64)
+        # how many drafts each observed one stands for (1, or the sampling period)
+        self._ring_weight = np.ones((capacity, self.depth))
+        self._iteration_weight = 1.0
         # this iteration's candidates' bins, by slot (read back at launch)
         self._candidate_bin = np.zeros(capacity, dtype=np.int64)
         self._pipe_rows: deque[int] = deque(maxlen=self.depth)
@@ -126,7 +142,10 @@ class AlphaController:
         a = self.online.next_iteration(running)
         self.iteration_alpha = a if self.auto else self.fixed
         k = self.observe_every
-        observe = k == 1 or self.online.iteration % k == 0
+        if k == 1 or (self.auto and self._drops_by_confidence()):
+            observe, self._iteration_weight = True, 1.0
+        else:
+            observe, self._iteration_weight = self.online.iteration % k == 0, float(k)
         self._observed = observe and self.confidences_real
         spec = rows.is_spec
         if self._observed and spec.any():
@@ -137,12 +156,21 @@ class AlphaController:
     def needs_confidences(self) -> bool:
         """The next :meth:`select` drops drafts by their confidences: the SP loop must wait
         for them to reach the host."""
-        return self.auto or self.fixed > 0
+        if not self.auto:
+            return 0.0 < self.fixed < 1.0
+        a = self.online.peek_alpha()
+        return a is None or 0.0 < a < 1.0 or self._drops_by_confidence() or self._next_observed()
+
+    def _drops_by_confidence(self) -> bool:
+        return 0.0 < self.online.alpha < 1.0
 
     def wants_confidences(self) -> bool:
         """The next :meth:`select` would observe (a fixed alpha's sampled iteration): the SP
         loop reads the confidences if they have landed, and says so (``confidences_real``);
         otherwise that iteration goes unobserved rather than wait for the device."""
+        return self._next_observed()
+
+    def _next_observed(self) -> bool:
         k = self.observe_every
         return k == 1 or (self.online.iteration + 1) % k == 0
 
@@ -153,14 +181,18 @@ class AlphaController:
         # result of the row before it), and a normal row launches when its request has no
         # launched draft in flight, so its column holds nothing that will be read
         s = rows.slot
-        self._ring[s, rows.position % self.depth] = self._candidate_bin[s] if observed else -1
+        column = rows.position % self.depth
+        self._ring[s, column] = self._candidate_bin[s] if observed else -1
+        if observed:
+            self._ring_weight[s, column] = self._iteration_weight
         now = self._clock()
         last = self._last_launch
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
-        elif observed and len(self._pipe_rows) == self.depth:
+        elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
             mean_rows = sum(self._pipe_rows) / self.depth
-            self.online.record_iteration(mean_rows, now - last[1], self._weight)
+            weight = 1.0 if self.auto else self._weight
+            self.online.record_iteration(mean_rows, now - last[1], weight)
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
         self._launches += 1
@@ -178,12 +210,16 @@ class AlphaController:
         if not verified.any():
             return
         s = rows.slot[verified]
-        bins = self._ring[s, (rows.position[verified] + 1) % self.depth]
-        acc = verdict[verified] == _ACCEPTED
-        if self.observe_every > 1:
-            seen = bins >= 0  # drafts launched on observed iterations
-            bins, acc = bins[seen], acc[seen]
-        self.online.record_verdicts(bins, acc, self._weight)
+        column = (rows.position[verified] + 1) % self.depth
+        bins = self._ring[s, column]
+        seen = bins >= 0  # drafts launched on observed iterations
+        if not seen.all():
+            s, column, bins = s[seen], column[seen], bins[seen]
+        acc = verdict[verified][seen] == _ACCEPTED
+        weight = self._ring_weight[s, column]
+        if weight.size and (weight == weight[0]).all():
+            weight = float(weight[0])
+        self.online.record_verdicts(bins, acc, weight)
 
     def update_stats(self, stats: SPStats) -> None:
         """The alpha in force and the chooser's counters, for the log line and metrics."""
