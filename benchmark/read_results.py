@@ -64,8 +64,10 @@ def describe(doc: Any) -> Dict[str, Optional[str]]:
         for key in _COMMAND_KEYS:
             value = doc.get(key)
             if isinstance(value, list) and value:
-                value = value[0] if isinstance(value[0], str) and " " in value[0] else " ".join(
-                    str(v) for v in value
+                value = (
+                    value[0]
+                    if isinstance(value[0], str) and " " in value[0]
+                    else " ".join(str(v) for v in value)
                 )
             if isinstance(value, str):
                 command = value

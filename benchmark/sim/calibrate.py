@@ -178,8 +178,10 @@ def fit_pp1_factor(cal_json: dict) -> float:
     return f
 
 
-def error_table_pp1(cal_json: dict) -> list:
-    """AIConfigurator's estimate and the calibrated simulator beside stock PP=1 on one H200."""
+def error_table_pp1(cal_json: dict, fit_b=64) -> list:
+    """AIConfigurator's estimate and the calibrated simulator beside stock PP=1 on one H200.
+
+    ``fit_b``: the batch the correction was fit on (None when per-stage timings set it)."""
     rows = []
     m = _machine(cal_json, "h200_sxm", "nvlink")
     for b, meas in M.H200_PP1_GRAPHS_2026_12_01["tok_s"].items():
@@ -193,7 +195,7 @@ def error_table_pp1(cal_json: dict) -> list:
                 "aic_error": round(aic / meas - 1, 4),
                 "calibrated_sim_tok_s": round(thr, 1),
                 "calibrated_error": round(thr / meas - 1, 4),
-                "role": "fit" if b == 64 else "check",
+                "role": "fit" if b == fit_b else "check",
             }
         )
     return rows
@@ -243,9 +245,25 @@ def fit_stage_times(path: Path, cal_json: dict, table: list) -> dict:
         fill = np.nanmean(row) if np.any(~np.isnan(row)) else np.nanmean(grid)
         row[np.isnan(row)] = fill
     cal = CostGrid(rows, ctx, grid).to_json()
-    src = f"measured / AIConfigurator per-stage decode time, {_rel(path)}"
+    measured = sorted({f"{t['model']} ({t['layers']} layers)" for t in table})
+    src = (
+        f"measured / AIConfigurator per-stage decode time, {_rel(path)}: "
+        f"{', '.join(measured)}, B {rows[0]}..{rows[-1]}, contexts "
+        f"{', '.join(str(c) for c in ctx)}; unmeasured (batch, context) cells take the "
+        "batch's mean over its measured contexts"
+    )
+    not_run = [
+        n.get("stage", str(n)) if isinstance(n, dict) else str(n) for n in data.get("not_run") or []
+    ]
+    if not_run:
+        src += f"; stages not run: {', '.join(not_run)}"
+        logger.info("stages not in %s (not run): %s", path.name, ", ".join(not_run))
     probe = data.get("p2p_loopback")
-    if probe:
+    if not probe:  # fallback: main() fits the loopback bandwidth on stock PP2, as without a file
+        logger.info(
+            "no p2p probe in %s: the loopback link falls back to the fit on stock PP2", path.name
+        )
+    else:
         b = np.array([p["bytes"] for p in probe], dtype=float)
         t = np.array([p["ms"] for p in probe]) * MS
         slope, icpt = np.polyfit(b, t, 1)
@@ -336,10 +354,13 @@ def main(argv=None) -> int:
         if k in old.get("systems", {}).get("h200_sxm", {}):
             cal["systems"]["h200_sxm"][k] = old["systems"]["h200_sxm"][k]
     stage_table: list = []
+    fit_b = None
     if args.stage_times.is_file():
         logger.info("fitting the H200 correction on %s", args.stage_times)
         cal["systems"]["h200_sxm"].update(fit_stage_times(args.stage_times, cal, stage_table))
     else:
+        logger.info("no %s: one factor fit on stock PP=1 at B=64", args.stage_times)
+        fit_b = 64
         f = fit_pp1_factor(cal)
         logger.info("H200 correction (stock PP=1 at B=64): x%.4f", f)
         cal["systems"]["h200_sxm"]["correction"] = CostGrid.constant(f).to_json()
@@ -366,7 +387,7 @@ def main(argv=None) -> int:
             "calibrated simulator; written by benchmark/sim/calibrate.py"
         ),
         "h200_correction": cal["systems"]["h200_sxm"]["source"],
-        "stock_pp1_one_h200": error_table_pp1(cal),
+        "stock_pp1_one_h200": error_table_pp1(cal, fit_b),
         "per_stage": stage_table
         or "not measured yet: run benchmark/gpu/stage_times.sh (benchmark/gpu/README.md)",
         "loopback_link": cal["links"]["loopback_box"],

@@ -91,24 +91,24 @@ AIC_CLI_PP1 = {
 
 #: Committed JSON results this package reads (paths relative to the repository root).
 COMMITTED = {
-    # stage 0's host phases, stock PP and SP, tiny model, CUDA graphs, H200 host CPU
+    # stage 0's host phases, stock PP and SP, tiny model, CUDA graphs, H200 host CPU (its
+    # back-to-back repeat is no longer in the repository: the mean is over this run alone)
     "loop_overhead": [
-        "benchmark/results/gpu_sp_loop_overhead_run4.json",
-        "benchmark/results/gpu_sp_loop_overhead_run5.json",
+        "benchmark/results/gpu/sp_loop_overhead_one_gpu.json",
     ],
     # real 2 x H200, CUDA graphs OFF, custom all-reduce off (the flags of that time)
     "run4_llama": [
-        "benchmark/results/gpu/run4_llama_a_pp_sp.json",
-        "benchmark/results/gpu/run4_llama_b_pp1_tp.json",
-        "benchmark/results/gpu/run4_llama_c_ppa.json",
+        "benchmark/results/gpu/decode_llama-3.1-8b_no_graphs_pp_sp.json",
+        "benchmark/results/gpu/decode_llama-3.1-8b_no_graphs_pp1_tp.json",
+        "benchmark/results/gpu/decode_llama-3.1-8b_no_graphs_ppa.json",
     ],
     "run3_qwen": [
-        "benchmark/results/gpu/run3_qwen_a_pp_sp.json",
-        "benchmark/results/gpu/run3_qwen_b_pp1_tp_ppa.json",
+        "benchmark/results/gpu/decode_qwen3-8b_no_graphs_pp_sp.json",
+        "benchmark/results/gpu/decode_qwen3-8b_no_graphs_pp1_tp_ppa.json",
     ],
     # acceptance of the shipped draft head by confidence decile, and per category
     "quality": "benchmark/results/quality_gpu_long.json",
-    "sp_acceptance": "benchmark/results/gpu/sp_acceptance_specbench_768_s9.json",
+    "sp_acceptance": "benchmark/results/gpu/sp_acceptance_specbench_768tok.json",
     # per-stage decode times, graphs on (benchmark/gpu/stage_times.sh), once measured
     "stage_times": "benchmark/results/gpu/stage_times_h200.json",
 }

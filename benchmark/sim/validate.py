@@ -6,7 +6,8 @@ Writes ``benchmark/results/sim_validation.json`` and ``sim_validation.png``, and
 bar of H200 predictions into ``python/spexis_sglang/planning/data/calibration.json``.
 Sections (each point is marked ``fit`` when it was used to set a parameter):
 
-1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction).
+1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction when no
+   per-stage timings were measured; with them, all three points validate).
 2. ``box``: the emulated two-GPU box, stock PP2 (fit of the loopback bandwidth) and SP2
    (validation), plus SP2's stage-0 phase timers beside the simulated ones.
 3. ``box_gemm_ratio``: the GEMM-only ideal SP2/PP2 ratio on the box beside the same ratio from
@@ -75,11 +76,13 @@ def _point(section, config, batch, measured, simulated, role, **extra) -> dict:
 # ---------------------------------------------------------------------------------------
 def h200_pp1(cal) -> list:
     m = machine_for(LLAMA, "h200_sxm", tp=1, calibration=cal)
+    # B=64 set the correction only when no per-stage timings were there (one factor)
+    fit_b = 64 if cal.system("h200_sxm").source.startswith("one factor") else None
     out = []
     for b, meas in M.H200_PP1_GRAPHS_2026_12_01["tok_s"].items():
         thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, b)
         aic = M.AIC_CLI_PP1["tok_s"][b]
-        role = "fit" if b == 64 else "validation"
+        role = "fit" if b == fit_b else "validation"
         out.append(
             _point(
                 "h200_pp1",

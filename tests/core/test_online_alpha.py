@@ -160,7 +160,10 @@ class SyntheticLoad:
         launched = bins[keep]
         accepted = self.rng.random(launched.size) < np.asarray(profile)[launched]
         verified = self.rng.random(launched.size) < 0.7  # the rest went stale
-        self.pending.append((launched[verified], accepted[verified]))
+        # at alpha 1 only explore iterations launch drafts: each stands for the iterations
+        # since the previous one (as the scheduler's controller weighs them)
+        weight = float(oa.explore_gap) if oa.exploring and oa.alpha >= 1.0 else 1.0
+        self.pending.append((launched[verified], accepted[verified], weight))
         if len(self.pending) > N:
             oa.record_verdicts(*self.pending.pop(0))
         theta = RankAcceptanceProfile(profile).theta_alpha(a)
@@ -199,6 +202,39 @@ def test_where_time_grows_in_proportion_to_rows_every_draft_is_dropped() -> None
     pp_like = sp_alpha_exact(B, N, 0.0, 1.0)
     assert oa.last_choice.rows == pytest.approx(B / N)
     assert oa.last_choice.throughput >= pp_like.effective / proportional(B / N) * (1 - 1e-9)
+
+
+def _explores(oa: OnlineAlpha, load: SyntheticLoad, profile, iterations: int) -> int:
+    before = oa.explore_iterations
+    run(oa, load, profile, iterations)
+    return oa.explore_iterations - before
+
+
+def test_at_alpha_one_exploring_backs_off_and_a_shift_brings_it_back() -> None:
+    """At alpha 1 an explore iteration runs every draft (B rows instead of B/N): while the
+    choice stands there the period doubles up to explore_max; when the stage's time turns flat
+    in rows again (speculation pays) alpha leaves 1 and the base period returns."""
+    proportional = LatencyFit(intercept=0.0, slope=1.0 / 16, identified=True)
+    oa = OnlineAlpha(N, explore=8, explore_max=64)
+    load = SyntheticLoad(3, proportional)
+    run(oa, load, TRANSLATION, 2000)
+    assert oa.alpha == 1.0 and oa.explore_period == 64
+    assert _explores(oa, load, TRANSLATION, 1280) == 20  # 1 in 64, not 1 in 8
+    assert oa.alpha == 1.0
+    load.latency = LatencyFit(intercept=2.0, slope=1e-4, identified=True)
+    trace = run(oa, load, MATH, 3000)
+    left = next(i for i, a in enumerate(trace) if a < 1.0)
+    assert left <= 1500, left
+    assert oa.alpha < 0.5 and oa.explore_period == 8
+    assert _explores(oa, load, MATH, 800) == 100
+
+
+def test_explore_period_stays_at_its_base_below_alpha_one() -> None:
+    oa = OnlineAlpha(N, interval=5, explore=4, explore_max=16, initial=0.2)
+    load = SyntheticLoad(1)
+    run(oa, load, MATH, 400)  # an affine latency: alpha stays below 1
+    assert oa.choices > 0 and oa.alpha < 1.0 and oa.explore_period == 4
+    assert _explores(oa, load, MATH, 80) == 20
 
 
 def test_follows_a_shift_from_math_to_translation_and_back() -> None:

@@ -127,12 +127,15 @@ def test_deployments_and_batch_fit(small):
     assert max_batch(m, 141e9, Deployment("sp", 2), 10**7) < 16
 
 
-def test_committed_calibration_reproduces_the_h200_pp1_point():
-    """The calibration is fit so that stock PP=1 at B=64 matches the H200 measurement."""
+@pytest.mark.parametrize("batch,measured", [(16, 3130), (64, 10937), (256, 24105)])
+def test_committed_calibration_predicts_stock_pp1_on_the_h200(batch, measured):
+    """The committed calibration (AIConfigurator's stage times corrected by per-stage timings
+    on one H200) predicts stock SGLang PP=1 measured on that GPU, graphs on, within the
+    simulator's 10 % target; these points are not what the correction was fitted on."""
     cal = load_calibration()
     m = machine_for(LLAMA, "h200_sxm", tp=1, calibration=cal)
-    thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, 64)
-    assert thr == pytest.approx(10937, rel=0.01)
+    thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, batch)
+    assert thr == pytest.approx(measured, rel=0.10)
 
 
 def test_plan_cli_ranks_with_the_simulator(small, tmp_path, capsys):

@@ -247,8 +247,23 @@ def test_auto_at_zero_or_one_waits_only_to_observe_or_choose(alpha) -> None:
     its observed (explore) iterations and where the chooser may move alpha."""
     ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
     ctrl.online.alpha = alpha
-    assert _waits(ctrl, 80) == [8, 16, 20, 24, 32, 40, 48, 56, 60, 64, 72, 80]
+    assert _waits(ctrl, 80) == [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
     assert ctrl.online.alpha == alpha  # nothing measured: the chooser kept it
+
+
+def test_auto_at_alpha_one_waits_and_observes_rarely() -> None:
+    """Where a stage's time is proportional to its rows alpha goes to 1; its explore period
+    then backs off to 64, so stage 0 waits for confidences on 1 iteration in 64."""
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20)
+    pipe = Pipeline(ctrl, 2, b=32, seed=5, a=0.0, slope=0.1)
+    for _ in range(3000):
+        pipe.step()
+    assert ctrl.alpha == 1.0 and ctrl.online.explore_period == 64
+    waits = 0
+    for _ in range(640):
+        waits += ctrl.needs_confidences()
+        pipe.step()
+    assert waits == 10 and ctrl.alpha == 1.0 and pipe.unobserved == 0
 
 
 def test_auto_inside_zero_one_and_fixed_alpha_wait_where_drops_need_them() -> None:

@@ -34,8 +34,14 @@ gets no new verdicts, and a shift that made those drafts better would go unseen 
 would keep its pre-shift value forever, or its prior). Every ``explore``-th iteration
 therefore runs with ``alpha = 0``: all candidates are launched, every bin gets verdicts, and
 those iterations' larger batches give the latency fit the spread of rows it needs to see a
-slope. The cost is a ``1/explore`` share of iterations at ``alpha = 0``, i.e. at most
-``1/explore`` of the (usually few percent) gain of the chosen ``alpha``. Alternatives
+slope. The cost is a ``1/explore`` share of iterations at ``alpha = 0``. That is small against
+an interior ``alpha``'s gain, but at ``alpha = 1`` (SP running like PP, where a stage's time
+grows in proportion to its rows) an explore iteration carries every draft, ~B rows instead of
+B/N, and at low acceptance most of them are wasted: one in 8 cost 12 % of the throughput at
+B = 512 on an emulated two-GPU box. So while ``alpha`` stays at 1 the period backs off: every
+choice that keeps it there doubles the period, up to ``explore_max`` (64); any other choice
+resets it to ``explore``. (At ``alpha = 0`` an explore iteration is an ordinary one; inside
+(0, 1) the bottom bins' verdicts come only from them.) Alternatives
 considered: keeping a random share of the would-be drops in every iteration (spreads the
 same cost but needs a random source and gives no row spread); extrapolating the profile
 below the cut (unsafe exactly when the workload shifts).
@@ -98,6 +104,7 @@ from .selection import (
 
 __all__ = [
     "AUTO_ALPHA_EXPLORE",
+    "AUTO_ALPHA_EXPLORE_MAX",
     "AUTO_ALPHA_INITIAL",
     "AUTO_ALPHA_INTERVAL",
     "FIXED_ALPHA_OBSERVE_EVERY",
@@ -107,6 +114,8 @@ __all__ = [
     "rank_bins",
 ]
 
+#: the explore period doubles up to this many iterations while the choice stands
+AUTO_ALPHA_EXPLORE_MAX = 64
 #: re-choose alpha every this many iterations (``--spexis-alpha-interval``)
 AUTO_ALPHA_INTERVAL = 50
 #: every this-many-th iteration runs with alpha = 0 (``--spexis-alpha-explore``)
@@ -187,7 +196,10 @@ class OnlineAlpha:
         num_stages: pipeline stages ``N``.
         interval: iterations between choices.
         explore: every ``explore``-th iteration runs with ``alpha = 0`` (0 or 1: never; the
-            bottom bins then keep their prior; used for observation-only trackers).
+            bottom bins then keep their prior; used for observation-only trackers); the
+            period doubles, up to ``explore_max``, each time a choice keeps ``alpha`` at 1,
+            and falls back to ``explore`` on any other choice.
+        explore_max: the longest explore period.
         initial: ``alpha`` until the first choice.
         half_life: iterations after which a count weighs half (default: ``4 * interval``,
             so a choice rests mostly on the last few intervals).
@@ -210,6 +222,7 @@ class OnlineAlpha:
         num_stages: int,
         interval: int = AUTO_ALPHA_INTERVAL,
         explore: int = AUTO_ALPHA_EXPLORE,
+        explore_max: int = AUTO_ALPHA_EXPLORE_MAX,
         initial: float = AUTO_ALPHA_INITIAL,
         half_life: float | None = None,
         alphas: Sequence[float] = ONLINE_ALPHA_GRID,
@@ -245,6 +258,15 @@ class OnlineAlpha:
         self.num_stages = int(num_stages)
         self.interval = int(interval)
         self.explore = int(explore)
+        self.explore_max = max(int(explore_max), self.explore)
+        #: iterations between explore iterations now (see ``explore``)
+        self.explore_period = self.explore
+        self._next_explore = self.explore  # the iteration of the next explore
+        self._last_explore = 0
+        #: this iteration explores (alpha 0), and how many iterations its observation stands
+        #: for (those since the previous explore iteration)
+        self.exploring = False
+        self.explore_gap = max(self.explore, 1)
         self.half_life = float(half_life)
         self.decay = 0.5 ** (1.0 / self.half_life)
         self.model = model
@@ -286,20 +308,29 @@ class OnlineAlpha:
         self._batch += (1.0, float(running))
         if self.iteration % self.interval == 0:
             self.choose()
-        if self.explore > 1 and self.iteration % self.explore == 0:
+        self.exploring = self.explore > 1 and self.iteration >= self._next_explore
+        if self.exploring:
             self.explore_iterations += 1
+            self.explore_gap = self.iteration - self._last_explore
+            self._last_explore = self.iteration
+            self._next_explore = self.iteration + self.explore_period
             return 0.0
         return self.alpha
+
+    def next_explores(self) -> bool:
+        """The next :meth:`next_iteration` is an explore iteration (unless a choice there
+        moves ``alpha`` and brings the next explore forward)."""
+        return self.explore > 1 and self.iteration + 1 >= self._next_explore
 
     def peek_alpha(self) -> float | None:
         """The ``alpha`` :meth:`next_iteration` will return, or None where it may re-choose
         (a choice iteration that is not an explore one): a caller that needs confidences
         only for drops strictly inside (0, 1) asks this before reading them."""
         i = self.iteration + 1
-        if self.explore > 1 and i % self.explore == 0:
-            return 0.0
         if i % self.interval == 0:
             return None
+        if self.next_explores():
+            return 0.0
         return self.alpha
 
     def rank_bins(self, confidences: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -418,8 +449,17 @@ class OnlineAlpha:
             self.alpha = best.alpha
             self.changes += 1
             self.last_choice = best
+            moved = True
         else:
             self.last_choice = current
+            moved = False
+        if self.alpha >= 1.0 and not moved:
+            # alpha 1 stands: explore half as often (an explore iteration there runs every
+            # draft, ~B rows instead of B/N, and at low acceptance most are wasted)
+            self.explore_period = min(2 * self.explore_period, self.explore_max)
+        else:
+            self.explore_period = self.explore
+            self._next_explore = min(self._next_explore, self.iteration + self.explore)
         self.history.append((self.iteration, self.alpha))
         return self.alpha
 
@@ -433,6 +473,7 @@ class OnlineAlpha:
             "iteration": self.iteration,
             "interval": self.interval,
             "explore": self.explore,
+            "explore_period": self.explore_period,
             "half_life": self.half_life,
             "model": self.model,
             "choices": self.choices,

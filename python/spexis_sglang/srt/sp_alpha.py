@@ -39,8 +39,9 @@ strictly inside (0, 1) the drops are chosen by confidence, so every iteration re
 is observed (weight 1). At alpha 0 (every draft kept) and alpha 1 (every draft dropped: PP)
 they decide nothing, so stage 0 builds the next batch without waiting for its own forward
 (that wait, the draft_sync phase, cost 1.2-1.5x the forward's GPU time at small batches on the
-GPU); it then observes only its explore iterations (every ``explore``-th, alpha 0: every rank
-launched), each counting ``explore`` times. Latency samples need no confidence: ``auto`` takes
+GPU); it then observes only its explore iterations (alpha 0: every rank launched), each
+counting for the iterations since the previous one (the explore period backs off at alpha 1,
+see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto`` takes
 one at every launch, weight 1.
 """
 
@@ -144,6 +145,9 @@ class AlphaController:
         k = self.observe_every
         if k == 1 or (self.auto and self._drops_by_confidence()):
             observe, self._iteration_weight = True, 1.0
+        elif self.auto:  # its explore iterations, each standing for those since the last
+            observe = self.online.exploring
+            self._iteration_weight = float(self.online.explore_gap)
         else:
             observe, self._iteration_weight = self.online.iteration % k == 0, float(k)
         self._observed = observe and self.confidences_real
@@ -158,8 +162,14 @@ class AlphaController:
         for them to reach the host."""
         if not self.auto:
             return 0.0 < self.fixed < 1.0
+        # a choice iteration (peek None) that moves alpha inside (0, 1) drops by placeholder
+        # confidences once: any drop is lossless, so it is not worth a wait every interval
         a = self.online.peek_alpha()
-        return a is None or 0.0 < a < 1.0 or self._drops_by_confidence() or self._next_observed()
+        return (
+            (a is not None and 0.0 < a < 1.0)
+            or self._drops_by_confidence()
+            or self._next_observed()
+        )
 
     def _drops_by_confidence(self) -> bool:
         return 0.0 < self.online.alpha < 1.0
@@ -172,7 +182,11 @@ class AlphaController:
 
     def _next_observed(self) -> bool:
         k = self.observe_every
-        return k == 1 or (self.online.iteration + 1) % k == 0
+        if k == 1:
+            return True
+        if self.auto:
+            return self.online.next_explores()
+        return (self.online.iteration + 1) % k == 0
 
     def on_launch(self, rows: Rows, iteration: int) -> None:
         """A decode batch built at loop iteration ``iteration`` is launched."""
