@@ -34,19 +34,19 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
+
+from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 # Required on the offline H200 machines (docs/gpu.md, offline-site appendix); keep in sync with
 # common.sh. NVLink-multicast flags are refused (README §4).
@@ -215,8 +215,10 @@ def default_stages(gpus: int) -> List[int]:
 
 
 # ----------------------------------------------------------------------------- a server
-class Server:
-    """One launch_server process in its own process group (same session: it dies with the call)."""
+class Server(ServerProcess):
+    """One launch_server process (``spexis_sglang.testing.ServerProcess``) with the GPU
+    machines' flags, per-rank GPU timers, and NVLink multicast refused; in the caller's
+    session, so it dies with the device call."""
 
     def __init__(
         self,
@@ -231,91 +233,37 @@ class Server:
         for a in args:
             if any(f in a for f in FORBIDDEN):
                 raise SystemExit(f"refusing {a!r}: it can enable NVLink multicast")
-        self.base = f"http://127.0.0.1:{port}"
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "spexis_sglang.launch_server",
-            "--model-path",
-            model_dir,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *([] if local_cpu else GPU_FLAGS),
-            *args,
-        ]
-        self.log_path = log_path
-        env = dict(os.environ)
-        env["PYTHONPATH"] = (python_path or os.path.join(REPO, "python")) + (
-            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-        )
-        # every rank's decode forwards timed on the device (the stage time T of the ideal)
-        env.setdefault("SPEXIS_GPU_TIMERS", "1")
-        env.update(extra_env or {})
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        env = {
+            "PYTHONPATH": (python_path or os.path.join(REPO, "python"))
+            + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+            # every rank's decode forwards timed on the device (the stage time T of the ideal)
+            "SPEXIS_GPU_TIMERS": os.environ.get("SPEXIS_GPU_TIMERS", "1"),
+            "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
+            **(extra_env or {}),
+        }
         if env["NCCL_NVLS_ENABLE"] != "0":
             raise SystemExit("NCCL_NVLS_ENABLE must stay 0")
-        self._log = open(log_path, "a")
-        self._log.write("+ " + " ".join(self.cmd) + "\n")
-        self._log.flush()
-        self.t0 = time.time()
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0
+        flags = [] if local_cpu else GPU_FLAGS
+        super().__init__(
+            ["--model-path", model_dir, *flags, *args],
+            port=port,
+            env=env,
+            log_path=log_path,
+            new_session=False,
         )
-        self.ready_s: Optional[float] = None
+
+    @property
+    def ready_s(self) -> Optional[float]:
+        return self.ready_after
 
     def tail(self, n: int = 30) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up")
-            try:
-                with urllib.request.urlopen(self.base + "/health_generate", timeout=30) as r:
-                    if r.status == 200:
-                        self.ready_s = time.time() - self.t0
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(2)
-        raise TimeoutError(f"server not healthy after {timeout:.0f} s")
+        return self.log_tail(n)
 
     def get(self, path: str, timeout: float = 60) -> Any:
-        with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
-            return json.loads(r.read())
+        return self.get_json(path, timeout)
 
     def post(self, path: str, obj: Any, timeout: float) -> Any:
-        req = urllib.request.Request(
-            self.base + path,
-            data=json.dumps(obj).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this server's group only
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
+        return self.post_json(path, obj, timeout)
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -125,12 +125,18 @@ class ServerProcess:
         env: Optional[Dict[str, str]] = None,
         log_path: Optional[str] = None,
         module: str = "spexis_sglang.launch_server",
+        new_session: bool = True,
     ):
+        """``new_session``: the server in a session of its own (a test server outlives a
+        killed test only until the suite's clean-up); False keeps it in the caller's session,
+        so it ends with the caller's command (the GPU machines' benchmarks). Either way it
+        leads its own process group, which :meth:`stop` ends."""
         # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
         # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
         self.args = list(args) + shlex.split(os.environ.get("SPEXIS_TEST_SERVER_ARGS", ""))
         self._fixed_port, self._fixed_log = port, log_path
         self._env, self._module = env, module
+        self._new_session = new_session
         self._launch(port or free_port(), log_path)
 
     def _launch(self, port: int, log_path: Optional[str]) -> None:
@@ -139,7 +145,7 @@ class ServerProcess:
         self.log_path = log_path or tempfile.mktemp(
             prefix=f"spexis-server-{self.port}-", suffix=".log"
         )
-        cmd = [
+        self.cmd = [
             sys.executable,
             "-m",
             self._module,
@@ -150,14 +156,17 @@ class ServerProcess:
             str(self.port),
         ]
         self._log = open(self.log_path, "w")
+        self._log.write("+ " + " ".join(self.cmd) + "\n")
+        self._log.flush()
         ServerProcess.launches.append(list(self.args))
         self.started_at = time.time()
+        session = {"start_new_session": True} if self._new_session else {"process_group": 0}
         self.proc = subprocess.Popen(
-            cmd,
+            self.cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**QUIET_SHUTDOWN_ENV, **os.environ, **(self._env or {})},
-            start_new_session=True,
+            **session,
         )
         self.ready_after: Optional[float] = None
 
@@ -235,6 +244,16 @@ class ServerProcess:
         self._log.close()
 
     # -- requests ---------------------------------------------------------------------------
+
+    def get_json(self, path: str, timeout: float = 60.0):
+        r = requests.get(self.base_url + path, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def post_json(self, path: str, payload, timeout: float = 600.0):
+        r = requests.post(self.base_url + path, json=payload, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
 
     def generate(self, payload: dict, timeout: float = 600.0) -> dict:
         r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
