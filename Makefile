@@ -21,9 +21,10 @@ serve: model
 serve-plain: model
 	$(PY) -m spexis_sglang.launch_server --pp-size 2 --host 127.0.0.1 --port $(PORT) $(ARGS)
 
-# The whole test suite (unit + end-to-end against real CPU servers).
+# The whole test suite (unit + end-to-end against real CPU servers), on two pytest-xdist
+# workers: a test file (an end-to-end group: tests/e2e/conftest.py) runs on one of them.
 test: model
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # Unit tests only (no servers).
 test-fast: venv

@@ -23,3 +23,14 @@ settings.load_profile("spexis")
 def user_env() -> dict:
     """The environment the test run started with, before the CPU support was activated."""
     return dict(_USER_ENV)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(session, config, items):
+    """Under pytest-xdist (``--dist loadgroup``) a test file runs on one worker: module-wide
+    fixtures (a server, a trained model) are made once. The end-to-end files are grouped by
+    the servers they share (``tests/e2e/conftest.py``)."""
+    e2e = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e")
+    for item in items:
+        if os.path.dirname(str(item.path)) != e2e:
+            item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), e2e + "/..")))

@@ -8,9 +8,12 @@ again if a later test asks for it).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import importlib.util
 import os
+import tempfile
 from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
@@ -73,6 +76,59 @@ def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
             _servers.pop(key).stop()
 
 
+@contextlib.contextmanager
+def start_lock():
+    """Held while a server starts (memory check, launch, warm-up). Under pytest-xdist the
+    workers start their servers one at a time, so each one's memory check sees the servers the
+    other has just started (two float64 servers starting at once could exhaust memory);
+    without xdist it does nothing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"spexis-test-server-start-{run}.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> ServerProcess:
+    """A new test server (exact mode, the suite's environment), started once there is room."""
+    with start_lock():
+        make_room()
+        return ServerProcess(exact(args), env=server_env(env)).wait_ready()
+
+
+# With pytest-xdist (``make test``: two workers) the end-to-end files run in two groups, each on
+# one worker, balanced by their time on the 2-core machine; both groups use the default model's
+# two shared servers (each worker starts its own), the tiny model's files are all in the second.
+# Unit tests are spread over both workers.
+E2E_GROUPS = {
+    "e2e-a": [
+        "test_sp_admission.py",
+        "test_sp_penalties.py",
+        "test_sp_alpha_auto.py",
+        "test_sp_multinode.py",
+        "test_foundation.py",
+        "test_gemma3.py",
+        "test_collect_backend.py",
+        "test_frontend_dsl.py",
+    ],
+    # everything else, the tiny model's files among them
+    "e2e-b": [],
+}
+
+
+def e2e_group(file_name: str) -> str:
+    for group, files in E2E_GROUPS.items():
+        if file_name in files:
+            return group
+    return "e2e-b"
+
+
 # The order the end-to-end files run in (a server start costs tens of seconds on CI, and
 # ``make_room`` may stop an idle server to start another): first the files served by the
 # default model's two shared servers (plain PP=1, the SP PP=2 server with the shipped head),
@@ -101,8 +157,10 @@ E2E_ORDER = [
 ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
-    """Run the end-to-end tests in ``E2E_ORDER`` (unit tests keep their places)."""
+    """Run the end-to-end tests in ``E2E_ORDER`` (unit tests keep their places), in their
+    ``E2E_GROUPS``."""
     here = os.path.dirname(os.path.abspath(__file__))
     slots = [i for i, item in enumerate(items) if os.path.dirname(str(item.path)) == here]
 
@@ -117,6 +175,7 @@ def pytest_collection_modifyitems(session, config, items):
     ordered = [items[i] for i in sorted(slots, key=rank)]
     for slot, item in zip(slots, ordered):
         items[slot] = item
+        item.add_marker(pytest.mark.xdist_group(e2e_group(os.path.basename(str(item.path)))))
 
 
 # servers asked for with keep=False: stopped when the test that asked ends
@@ -144,10 +203,11 @@ def get_server(
     key = tuple(args) + tuple(sorted((env or {}).items()))
     server = _servers.pop(key, None)
     if server is None or not server.alive():
-        make_room()
-        server = ServerProcess(exact(args), env=server_env(env))
-        _servers[key] = server
-        server.wait_ready()
+        with start_lock():
+            make_room()
+            server = ServerProcess(exact(args), env=server_env(env))
+            _servers[key] = server
+            server.wait_ready()
     _servers[key] = server  # most recently used
     _in_use.add(key)
     if not keep:

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from spexis_sglang.testing import SPEXIS_RETRACT_LINE, ServerProcess
+from spexis_sglang.testing import SPEXIS_RETRACT_LINE
 
 from .compare import compare_outputs
-from .conftest import exact, make_room, server_env
+from .conftest import start_server
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -37,9 +37,7 @@ def test_lookahead_admission_decides_the_count_under_memory_pressure_and_is_loss
     args = ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
     args += ["--max-total-tokens", str(KV_TOKENS)]
     # not a session server: one more PP=2 server for the rest of the suite costs memory
-    make_room()
-    sp_server = ServerProcess(exact(sp_args(2, trained_head, *args)), env=server_env())
-    sp_server.wait_ready()
+    sp_server = start_server(sp_args(2, trained_head, *args))
     try:
         got = sp_server.greedy_ids(prompts, NEW_TOKENS, **PARAMS)
         stats = spexis_stats(sp_server)

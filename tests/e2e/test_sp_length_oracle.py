@@ -11,9 +11,8 @@ import pytest
 import requests
 
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL
-from spexis_sglang.testing import ServerProcess
 
-from .conftest import exact, make_room, server_env
+from .conftest import start_server
 from .test_sp_lossless import sp_args
 
 pytestmark = pytest.mark.e2e
@@ -36,8 +35,7 @@ def _payload():
 
 
 def _serve(args):
-    make_room()
-    server = ServerProcess(exact(args), env=server_env()).wait_ready()
+    server = start_server(args)
     try:
         out = server.generate(_payload())
         info = requests.get(server.base_url + "/server_info", timeout=60).json()

@@ -13,7 +13,7 @@ import pytest
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import ServerProcess, free_port
 
-from .conftest import exact, make_room, server_env
+from .conftest import exact, make_room, server_env, start_lock
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -25,19 +25,20 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     expected = server_factory(BASELINE).greedy_ids(prompts, 32)
     dist = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
     args = exact(sp_args(2, trained_head, *dist))
-    make_room()
-    # no HTTP API: stage 1 only
-    node1 = ServerProcess(args + ["--node-rank", "1"], env=server_env())
-    node0 = None
+    node0 = node1 = None
     try:
-        node0 = ServerProcess(args + ["--node-rank", "0"], env=server_env()).wait_ready()
+        with start_lock():
+            make_room()
+            # no HTTP API: stage 1 only
+            node1 = ServerProcess(args + ["--node-rank", "1"], env=server_env())
+            node0 = ServerProcess(args + ["--node-rank", "0"], env=server_env()).wait_ready()
         got = node0.greedy_ids(prompts, 32)
         stats = spexis_stats(node0)
         assert node1.alive()
     finally:
-        if node0 is not None:
-            node0.stop()
-        node1.stop()
+        for node in (node0, node1):
+            if node is not None:
+                node.stop()
     assert got == expected
     assert stats["rows_spec"] > 0 and stats["accepted"] > 0  # it speculated across the nodes
     # across nodes the relay stays SGLang's (gloo): no local pipe
