@@ -111,4 +111,15 @@ COMMITTED = {
     "sp_acceptance": "benchmark/results/gpu/sp_acceptance_specbench_768tok.json",
     # per-stage decode times, graphs on (benchmark/gpu/stage_times.sh), once measured
     "stage_times": "benchmark/results/gpu/stage_times_h200.json",
+    # the emulated two-GPU box with the overlapped SP loop (stage 0's host work off the
+    # critical path), graphs on, Llama-3.1-8B-shaped, dummy weights, bf16, forced Theta,
+    # --max-total-tokens 160000 (benchmark/gpu/pipeline_box.sh): stock PP2 with SGLang's
+    # micro-batch cap and balanced micro-batches, at async depth 0 (and 1 in the first file),
+    # SP2 at alpha 0 and Theta 0.76 / 0.6; stage 0's phase timers and GPU time per batch.
+    # Validation only: nothing is fit on them.
+    "box_new_loop": [
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_pp1_alphaauto.json",  # 2026-12-03
+        "benchmark/results/gpu/box_decode_llama-3.1-8b.json",  # 2026-12-03, inputs 128, 2048
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_alphaauto.json",  # 2026-12-04
+    ],
 }

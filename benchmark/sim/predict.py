@@ -8,8 +8,10 @@ system, GPU count and prompt length (128 and 2,048 tokens):
 
 * decode: steady-state tokens/s at the largest batch every split can hold (<= 512), for TP,
   every stock PP x TP split, and every SP x TP split at alpha 0 / 0.2 / 0.3, at Theta 0.6,
-  0.76 and 0.9, with today's loop (``serial``: validated on the emulated box) and the
-  overlapped loop (``overlap``: host costs at its design target, a projection);
+  0.76 and 0.9, with the SP loop before its rewrite (``serial``: stage 0's host work on the
+  critical path; validated on the emulated box, 2026-12-02) and the overlapped SP loop
+  (``overlap``: the current one; host costs from its phase timers on the box, validated
+  there where the GPU sets the pace);
 * serving: the largest Poisson request rate whose p90 TTFT <= 2 s and p90 TPOT <= 40 ms, for
   TP, the best stock PP split and the best SP split by decode (1,000 requests, at most 256
   running; ShareGPT output lengths, and its prompt lengths for the short case; per-request
@@ -17,7 +19,8 @@ system, GPU count and prompt length (128 and 2,048 tokens):
 
 Every number carries the system's error bar (``planning/data/calibration.json``: the H200
 validation error; wider where the calibration is borrowed or absent; wider again for the
-overlapped loop, whose host costs are not measured). NVLink links, CUDA graphs on.
+overlapped loop, which the box tested only where its GPU time exceeds its host time, while on
+NVLink its host work often sets the pace). NVLink links, CUDA graphs on.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ SLO = {"ttft_p90_s": 2.0, "tpot_p90_s": 0.04}
 
 
 def _workload(prompt: int, n: int, seed: int = 0):
-    w = json.loads((ROOT / "benchmark/workloads/sharegpt.json").read_text())
+    w = json.loads((ROOT / "benchmark/serving/workloads/sharegpt.json").read_text())
     reqs = w["requests"]
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(reqs), n, replace=n > len(reqs))
@@ -284,7 +287,10 @@ def main(argv=None) -> int:
         "alphas": [0.0] + args.alphas,
         "decode_output_len_for_kv": 512,
         "loops": {
-            "serial": "today's loop (validated: benchmark/results/sim_validation.json)",
+            "serial": (
+                "the SP loop before its rewrite: stage 0's host work on the critical path "
+                "(validated on the emulated box, 2026-12-02: benchmark/results/sim_validation.json)"
+            ),
             "overlap": cal.raw["host"]["graphs_overlap"]["source"],
         },
         "error_bars": {},

@@ -66,21 +66,84 @@ def validation_tables(v: dict) -> str:
         f"({s.get('graphs_off_within_target', 0)} of {s.get('graphs_off_points', 0)} within "
         f"{100 * s['target']:.0f} %)."
     )
+    if "new_loop_sp2_validation_points" in s:
+        out.append(
+            f"\nNew SP loop on the box: SP2 {s['new_loop_sp2_within_target']} of "
+            f"{s['new_loop_sp2_validation_points']} validation points within "
+            f"{100 * s['target']:.0f} % (largest |error| {100 * s['new_loop_sp2_max_abs_error']:.1f} %, "
+            f"mean {100 * s['new_loop_sp2_mean_abs_error']:.1f} %); stock PP2 from the same runs "
+            f"{s['new_loop_stock_pp2_within_target']} of {s['new_loop_stock_pp2_points']} "
+            f"(largest {100 * s['new_loop_stock_pp2_max_abs_error']:.1f} %); against each "
+            f"configuration's mean over its runs {s['new_loop_means_within_target']} of "
+            f"{s['new_loop_means']}. H200 error bar: +-{100 * s['h200_error_bar']:.0f} %."
+        )
     out += [
         "",
         "| section | configuration | B | measured tok/s | simulated tok/s | error | role |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in v["points"]:
-        if p["section"] == "real_2xh200_graphs_off":
+        if p["section"] in ("real_2xh200_graphs_off", "box_new_loop"):
             continue
         out.append(
             f"| {p['section']} | {p['config']} | {p['batch']} | {p['measured_tok_s']:.0f} | "
             f"{p['simulated_tok_s']:.0f} | {_pct(p['error'])} | {p['role']} |"
         )
+    new = [p for p in v["points"] if p["section"] == "box_new_loop"]
+    if new:
+        out += [
+            "",
+            "The emulated box with the overlapped SP loop (new loop), every run: SP2 at alpha 0 "
+            "with the overlapped loop's choreography and host costs; stock PP2 with SGLang's loop "
+            "at the run's micro-batch cap and async depth. `fit`: the run whose stage-0 timers "
+            "set the overlapped loop's host costs.",
+            "",
+            "| run | configuration | input | B | measured tok/s | simulated tok/s | error | role |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for p in new:
+            day, cfg = p["config"].split(": ", 1)
+            out.append(
+                f"| {day.replace('new loop, ', '')} | {cfg} | {p['input_len']} | {p['batch']} | "
+                f"{p['measured_tok_s']:.0f} | {p['simulated_tok_s']:.0f} | {_pct(p['error'])} | "
+                f"{p['role']} |"
+            )
+    means = v.get("box_new_loop_means") or []
+    if means:
+        out += [
+            "",
+            "The same, each configuration at its mean over the runs that made it (spread: "
+            "(max - min) / mean of those runs):",
+            "",
+            "| configuration | input | B | runs | spread | mean tok/s | simulated tok/s | error |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for m in means:
+            out.append(
+                f"| {m['config']} | {m['input_len']} | {m['batch']} | {m['runs']} | "
+                f"{100 * m['run_spread']:.0f} % | {m['measured_mean_tok_s']:.0f} | "
+                f"{m['simulated_tok_s']:.0f} | {_pct(m['error'])} |"
+            )
+    st = v.get("box_new_loop_sp2_stage0") or []
+    if st:
+        out += [
+            "",
+            "SP2 with the new loop, stage 0 per iteration (steady state), measured / simulated:",
+            "",
+            "| run | Theta | input | B | iteration ms | stage-0 GPU ms | iteration / GPU |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for q in st:
+            out.append(
+                f"| {q['date']} ({q['role']}) | {q['theta']} | {q['input_len']} | {q['batch']} | "
+                f"{q['measured_iteration_ms']:.2f} / {q['simulated_iteration_ms']:.2f} | "
+                f"{q['measured_stage0_gpu_ms']:.2f} / {q['simulated_stage0_gpu_ms']:.2f} | "
+                f"{q['measured_iter_over_gpu']:.2f} / {q['simulated_iter_over_gpu']:.2f} |"
+            )
     out += [
         "",
-        "Stage 0's phase timers of SP2 on the box, ms per iteration (measured / simulated, steady state):",
+        "Stage 0's phase timers of SP2 on the box with the old loop (2026-12-02), ms per "
+        "iteration (measured / simulated, steady state):",
         "",
     ]
     out += [
@@ -139,14 +202,15 @@ def prediction_tables(p: dict) -> str:
     out = ["## Predictions (`benchmark/results/sim_predictions.json`)", ""]
     out.append(
         f"{p['model']}, NVLink, CUDA graphs on; best split per family at B = the largest batch "
-        "every split holds (<= 512). SP today = the validated loop; SP overlapped = host costs "
-        "at the overlapped loop's design target (a projection). Error bars per system: "
+        "every split holds (<= 512). SP old loop = the SP loop before its rewrite (stage 0's "
+        "host work on the critical path); SP new loop = the overlapped SP loop, host costs from "
+        "its phase timers on the emulated box. Error bars per system: "
         + ", ".join(f"{k} +-{100 * v['error_bar']:.0f} %" for k, v in p["error_bars"].items())
-        + " (overlapped loop: +10 points more)."
+        + " (new loop: +10 points more)."
     )
     out += [
         "",
-        "| system | GPUs | prompt | Theta | best TP tok/s | best stock PP | best SP today | SP/PP | SP/TP | best SP overlapped | SP/TP overlapped |",
+        "| system | GPUs | prompt | Theta | best TP tok/s | best stock PP | best SP, old loop | SP/PP | SP/TP | best SP, new loop | SP/TP, new loop |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sysname, by_g in p["systems"].items():

@@ -13,7 +13,7 @@ Two ways to get stage times:
 Examples::
 
     python -m spexis_sglang.plan --model benchmark/gpu/configs/llama-3.1-8b --system h200_sxm --gpus 8
-    python -m spexis_sglang.plan --model meta-llama/Meta-Llama-3.1-70B --system b200_sxm --gpus 8 --loop overlap
+    python -m spexis_sglang.plan --model meta-llama/Meta-Llama-3.1-70B --system b200_sxm --gpus 8 --loop serial
     python -m spexis_sglang.plan --profile benchmark/profiles/example_8gpu.json
 """
 
@@ -84,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--loop",
         choices=("serial", "overlap"),
-        default="serial",
-        help="SP loop: today's (serial: host phases on the critical path; validated) or the "
-        "overlapped one (its design-target host costs; a projection). Default: %(default)s",
+        default="overlap",
+        help="SP loop: the one Spexis runs (overlap: stage 0's host work behind the GPU; host "
+        "costs from its phase timers on the emulated two-GPU box) or the earlier one (serial: "
+        "host phases on the critical path). Default: %(default)s",
     )
     p.add_argument("--calibration", default=None, help="another calibration.json")
     p.add_argument(
@@ -185,7 +186,7 @@ def _main_simulate(args) -> int:
     print(f"calibration: {how}")
     print(
         f"B = {rows[0].batch} resident requests, prompt {args.context} tokens; SP loop: "
-        f"{args.loop}; error bar +-{100 * err:.0f} % (validation{', + projection' if args.loop == 'overlap' else ''})"
+        f"{args.loop}; error bar +-{100 * err:.0f} % (validation{', + 10 points: host costs checked only on the box' if args.loop == 'overlap' else ''})"
     )
     shown = rows[: args.top] if args.top > 0 else rows
     print(format_ranking(shown, err))

@@ -115,15 +115,27 @@ class LoopSpec:
     ``--pp-async-batch-depth`` (the output exchange moves before the launch and one more
     micro-batch is in flight); ``send_after_launch``: the hidden states leave right after the
     launch, before the host waits for and processes older outputs (the overlapped loop).
+    ``device_verdicts`` (SP only; default: as ``send_after_launch``): Spexis's overlapped SP
+    loop. Every rank builds and launches iteration ``k`` before it verifies ``k - N`` on the
+    host (it verifies after the launch); stage 0's forward of ``k`` takes the true tokens of
+    ``k - N`` on the device (a row whose chain they reject runs as the normal row), so that
+    forward waits for those outputs to arrive, not for the host to process them. Which rows
+    ``k`` holds and which are stale is what the serial loop gives (the host's
+    bookkeeping of ``k - N`` is applied before ``k`` is composed).
     """
 
     graphs: bool = True
     async_depth: int = 0
     send_after_launch: bool = False
+    device_verdicts: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.async_depth not in (0, 1):
             raise ValueError("async_depth must be 0 or 1")
+
+    @property
+    def verdicts_on_device(self) -> bool:
+        return self.send_after_launch if self.device_verdicts is None else self.device_verdicts
 
 
 @dataclass(frozen=True)
@@ -850,6 +862,9 @@ class _Sim:
         return b
 
     def rank(self, r: int) -> Generator:
+        if self.kind == "sp" and self.spec.verdicts_on_device:
+            yield from self.rank_device_verdicts(r)
+            return
         N, L = self.N, self.L
         last = r == N - 1
         depth = self.spec.async_depth if self.kind == "pp" else 0
@@ -900,6 +915,85 @@ class _Sim:
             self.rank_iter[r] = k
             if r == 0:
                 self._gc(min(self.rank_iter) - 2 * L - 2)
+
+    def rank_device_verdicts(self, r: int) -> Generator:
+        """Spexis's overlapped SP loop (``LoopSpec.device_verdicts``), rank ``r``.
+
+        Iteration ``k``: (stage 0: read the drafts of ``k - 1`` only when alpha > 0) schedule,
+        launch ``k`` and send its proxy (the last stage: its outputs) without waiting for the
+        outputs of ``k - N``; then verify ``k - N`` on the host. Stage 0's forward of ``k``
+        starts once the outputs of ``k - N`` are on its device, so the host's schedule and
+        launch of ``k`` (charged with the previous batch's rows) overlap the forwards in flight.
+        """
+        N, L = self.N, self.L
+        last = r == N - 1
+        fwd: list = []
+        k = 0
+        prev: Optional[_Batch] = None  # the host prices its phases by the last batch built
+        while not self.stopping:
+            j = k - L
+            bj = self.batches.get(j) if j >= 0 else None
+            if r == 0:
+                pk = self.batches.get(k - 1) if k > 0 else None
+                if pk is not None and pk.kind == "decode":
+                    if self.dep.alpha > 0:  # the host drops drafts by their confidence
+                        yield from self._wait(r, "wait_draft", self.sig("gpu", 0, k - 1))
+                    yield self.host(r, "draft_sync", pk)
+                yield self.host(r, "schedule", prev)
+                yield self.host(r, "launch", prev)
+                if bj is not None:
+                    # the device takes the true tokens of k - N: the forward of k waits for
+                    # them; the bookkeeping they decide is applied before k is composed
+                    yield from self._wait(r, "wait_output", self.sig("out", r, j))
+                    self.policy.process(bj, self.loop.now)
+                    self.policy.outstanding -= 1
+                    self._after_process()
+                    if self.stopping:
+                        return
+                    fwd.append(j)
+                if self.policy.idle() and self.policy.adm is not None:
+                    if self.policy.all_done():
+                        self.stopping = True
+                        return
+                    yield from self._sleep_until_arrival(r)
+                b = self._decide(k)
+                if b is not None:
+                    self._submit(r, k, b)
+                    if not last:
+                        yield from self._send_proxy(r, k, b)
+                self._exchange(r, k, fwd)
+                if bj is not None:
+                    yield self.host(r, "recv_output", bj)
+                    yield self.host(r, "process", bj)
+            else:
+                yield from self._wait(r, "wait_decision", self.sig("decided", 0, k))
+                b = self.batches[k]
+                yield self.host(r, "schedule", b)
+                if b is not None:
+                    yield from self._wait(r, "wait_proxy", self.sig("proxy_meta", r, k))
+                    yield from self._launch(r, k, b)
+                    if not last:
+                        yield from self._send_proxy(r, k, b)
+                self._exchange(r, k, fwd)
+                if bj is not None:
+                    yield from self._wait(r, "wait_output", self.sig("out", r, j))
+                    yield self.host(r, "recv_output", bj)
+                    yield self.host(r, "process", bj)
+                    if not last:
+                        fwd.append(j)
+            if b is not None:
+                prev = b
+            k += 1
+            self.rank_iter[r] = k
+            if r == 0:
+                self._gc(min(self.rank_iter) - 2 * L - 2)
+
+    def _submit(self, r: int, k: int, b: _Batch) -> None:
+        """Stage 0's forward of ``k`` with its launch already charged (graphs: one replay)."""
+        dur, mf = self.gpu_time(r, b)
+        self.streams[r].submit(dur, mem_frac=mf, tag=k, done=self.sig("gpu", r, k))
+        self.launch_times.append(self.loop.now)
+        self.policy.outstanding += 1
 
     def single(self) -> Generator:
         """PP=1: SGLang's overlap loop (launch k, then process k-1)."""

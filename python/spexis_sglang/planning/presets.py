@@ -4,9 +4,10 @@ Everything here is read from ``data/calibration.json``, which
 ``benchmark/sim/calibrate.py`` writes from the repository's committed measurements (every
 entry carries its provenance). Nothing is measured at planning time.
 
-* ``host``: host time per loop phase (``core.stage_costs.HostCosts``). ``graphs_serial`` is
-  today's loop with CUDA graphs, from stage 0's phase timers on the H200 machine;
-  ``graphs_overlap`` is the overlapped loop's design target (a projection, not measured).
+* ``host``: host time per loop phase (``core.stage_costs.HostCosts``). ``graphs_overlap`` is
+  the SP loop Spexis runs (stage 0's host work behind the GPU), from its phase timers on the
+  emulated two-GPU box; ``graphs_serial`` the earlier loop with CUDA graphs (host phases on
+  the critical path), from stage 0's phase timers on the H200 machine.
 * ``links``: transfers between stages. NVLink links come from AIConfigurator's node model
   per system (``aic.AICBridge.link``); ``loopback_box`` is NCCL over loopback sockets on
   the emulated two-GPU box.
@@ -38,8 +39,8 @@ __all__ = [
 
 CALIBRATION_PATH = Path(__file__).with_name("data") / "calibration.json"
 
-#: Loop choreographies by name: today's loop, and the overlapped one (hidden states leave
-#: right after the launch; host costs from ``graphs_overlap``).
+#: Loop choreographies by name: the overlapped loop Spexis runs (hidden states leave right
+#: after the launch; host costs from ``graphs_overlap``) and the earlier serial one.
 LOOPS = {
     "serial": LoopSpec(graphs=True, send_after_launch=False),
     "overlap": LoopSpec(graphs=True, send_after_launch=True),
