@@ -15,10 +15,10 @@
 # NVLink multicast stays off (README §4): flags that could enable it are refused.
 
 SPEXIS_REPO=${SPEXIS_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-# Required on the offline H200 machines (README §3). CUDA graphs stay on (seen working
-# 2026-12-01); custom all-reduce too, unless it was seen failing there.
-GPU_FLAGS=(--attention-backend triton --sampling-backend pytorch
-           --mm-feature-transport cpu --grammar-backend none)
+# Required on the offline H200 machines (README §3), one line in gpu_flags.txt (read by the
+# Python benchmarks too). CUDA graphs stay on (seen working 2026-12-01); custom all-reduce
+# too, unless it was seen failing there.
+read -ra GPU_FLAGS < "$SPEXIS_REPO/benchmark/gpu/gpu_flags.txt"
 # SPEXIS_LOCAL_CPU=1: dry run of the scripts on a CPU machine (no site, no GPU flags; the
 # launcher then picks its CPU defaults). Never set on the GPU machine.
 if [ "${SPEXIS_LOCAL_CPU:-0}" = 1 ]; then GPU_FLAGS=(); fi

@@ -48,18 +48,10 @@ CONFIGS = os.path.join(HERE, "configs")
 
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
-# Required on the offline H200 machines (docs/gpu.md, offline-site appendix); keep in sync with
-# common.sh. NVLink-multicast flags are refused (README §4).
-GPU_FLAGS = [
-    "--attention-backend",
-    "triton",
-    "--sampling-backend",
-    "pytorch",
-    "--mm-feature-transport",
-    "cpu",
-    "--grammar-backend",
-    "none",
-]
+# Required on the offline H200 machines (docs/gpu.md, offline-site appendix), the line common.sh
+# reads too. NVLink-multicast flags are refused (README §4).
+with open(os.path.join(HERE, "gpu_flags.txt")) as _f:
+    GPU_FLAGS = _f.read().split()
 FORBIDDEN = ("nvls", "symm-mem", "symm_mem", "mnnvl")
 
 # the custom_params key of a request's own forced acceptance (srt/sp_scheduler.py)
