@@ -86,7 +86,7 @@ def phase_prompts(model: str, per_phase: int, max_prompt_tokens: int) -> dict:
 
 
 def server_state(server) -> dict:
-    info = requests.get(server.base_url + "/server_info", timeout=120).json()
+    info = server.server_info(timeout=120)
     st = info["internal_states"][0]
     return {"spexis": st["spexis"], "alpha": st.get("spexis_alpha")}
 

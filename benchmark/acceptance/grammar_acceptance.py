@@ -24,7 +24,6 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
-import requests  # noqa: E402
 
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.testing import ServerProcess, exact_test_args  # noqa: E402
@@ -93,7 +92,7 @@ WORKLOADS = {
 
 
 def stats(server) -> dict:
-    info = requests.get(server.base_url + "/server_info", timeout=60).json()
+    info = server.server_info(timeout=60)
     return info["internal_states"][0]["spexis"]
 
 

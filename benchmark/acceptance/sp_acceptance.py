@@ -25,7 +25,6 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
-import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
@@ -35,9 +34,7 @@ from spexis_sglang.testing import ServerProcess, recorded_args, repo_relative  #
 
 
 def stats(server) -> dict:
-    return requests.get(server.base_url + "/server_info", timeout=60).json()["internal_states"][0][
-        "spexis"
-    ]
+    return server.server_info(timeout=60)["internal_states"][0]["spexis"]
 
 
 def server_args(head: str, args) -> list:

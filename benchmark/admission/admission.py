@@ -44,7 +44,6 @@ from spexis_sglang.cpu_support import activate
 activate()
 
 import psutil  # noqa: E402
-import requests  # noqa: E402
 
 from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.cpu_support import cuda_available  # noqa: E402
@@ -92,7 +91,7 @@ def run_one(name: str, server_args, prompts, new_tokens: int, log_path=None) -> 
         out = server.greedy_ids(prompts, new_tokens, ignore_eos=False)
         wall = time.time() - t0
         cpu = _cpu_seconds(server.proc.pid) - cpu0
-        info = requests.get(server.base_url + "/server_info", timeout=60).json()
+        info = server.server_info(timeout=60)
         st = info["internal_states"][0]["spexis"]
         with open(server.log_path) as f:
             retractions = count_retractions(f.read())

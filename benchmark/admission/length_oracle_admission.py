@@ -28,7 +28,6 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
-import requests  # noqa: E402
 
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL  # noqa: E402
 from spexis_sglang.testing import ServerProcess, count_retractions  # noqa: E402
@@ -59,7 +58,7 @@ def run(spec: str, args: argparse.Namespace) -> dict:
         t0 = time.time()
         server.generate(payload(args.requests, args.seed))
         wall = time.time() - t0
-        state = requests.get(server.base_url + "/server_info", timeout=60).json()
+        state = server.server_info(timeout=60)
         state = state["internal_states"][0]
         with open(server.log_path) as f:
             log = f.read()

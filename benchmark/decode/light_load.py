@@ -65,7 +65,7 @@ def _chat(model_dir: str, text: str) -> str:
 
 
 def _spexis(server: ServerProcess) -> Dict[str, float]:
-    info = requests.get(server.base_url + "/server_info", timeout=120).json()
+    info = server.server_info(timeout=120)
     return info["internal_states"][0].get("spexis") or {}
 
 

@@ -67,7 +67,7 @@ SCHED_PROC = ("schedule", "draft_sync", "process")
 
 
 def stats(server: ServerProcess) -> Dict[str, float]:
-    info = requests.get(server.base_url + "/server_info", timeout=600).json()
+    info = server.server_info(timeout=600)
     return info["internal_states"][0]["spexis"]
 
 

@@ -26,7 +26,6 @@ from spexis_sglang.cpu_support import activate
 
 activate()
 
-import requests  # noqa: E402
 
 from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess, exact_test_args  # noqa: E402
@@ -35,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def spexis(server) -> dict:
-    info = requests.get(server.base_url + "/server_info", timeout=60).json()
+    info = server.server_info(timeout=60)
     return info["internal_states"][0]["spexis"]
 
 

@@ -255,6 +255,10 @@ class ServerProcess:
         r.raise_for_status()
         return r.json()
 
+    def server_info(self, timeout: float = 60.0) -> dict:
+        """SGLang's ``/server_info`` (Spexis' counters: ``internal_states[0]["spexis"]``)."""
+        return self.get_json("/server_info", timeout)
+
     def generate(self, payload: dict, timeout: float = 600.0) -> dict:
         r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
         r.raise_for_status()
