@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from spexis_sglang.srt import draft_model as dm
+from spexis_sglang.srt.model_registry import install_model_classes
 
 TINY = dict(
     hidden_size=64,
@@ -193,7 +194,7 @@ def test_model_classes_keep_sglangs_forward_signature_and_register():
         )
     saved = dict(ModelRegistry.models)
     try:
-        dm.install_model_classes()
+        install_model_classes()
         assert ModelRegistry.models["LlamaForCausalLM"] is dm.SpexisLlamaForCausalLM
         assert ModelRegistry.models["Qwen3ForCausalLM"] is dm.SpexisQwen3ForCausalLM
     finally:

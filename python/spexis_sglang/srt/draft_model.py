@@ -647,28 +647,6 @@ class SpexisQwen3ForCausalLM(_SpexisDraftMixin, Qwen3ForCausalLM):
         self._spexis_init_draft_head()
 
 
-SPEXIS_MODEL_CLASSES: Dict[str, type] = {
-    "LlamaForCausalLM": SpexisLlamaForCausalLM,
-    "Qwen3ForCausalLM": SpexisQwen3ForCausalLM,
-}
-
-
-def install_model_classes() -> None:
-    """Make SGLang build the Spexis model classes in this process (idempotent).
-
-    Must run in every scheduler process before the model is loaded; without
-    ``SPEXIS_DRAFT_HEAD`` (or off stage 0, or with PP=1) the classes behave exactly like SGLang's.
-    """
-    from sglang.srt.models.registry import ModelRegistry
-
-    for arch, cls in SPEXIS_MODEL_CLASSES.items():
-        ModelRegistry.models[arch] = cls
-    if "Gemma3ForCausalLM" in ModelRegistry.models:  # not when its module is disabled
-        from spexis_sglang.srt.model_gemma3 import SpexisGemma3ForCausalLM
-
-        ModelRegistry.models["Gemma3ForCausalLM"] = SpexisGemma3ForCausalLM
-
-
 def draft_num_layers(model: nn.Module) -> int:
     """Number of draft-head KV layers ``model`` needs in this rank's pool (0 if none)."""
     return int(getattr(model, "spexis_draft_num_layers", 0) or 0)
@@ -686,7 +664,6 @@ __all__: List[str] = [
     "SpexisQwen3ForCausalLM",
     "check_exit_layer",
     "draft_num_layers",
-    "install_model_classes",
     "load_artifact",
     "random_draft_head_weights",
     "resolve_draft_head",

@@ -8,7 +8,7 @@ every rank adopt stage 0's ``max_total_num_tokens``, which keeps token slots mir
 
 Use from a scheduler process, in this order, before the model is loaded:
 
-1. :func:`spexis_sglang.srt.draft_model.install_model_classes`;
+1. :func:`spexis_sglang.srt.model_registry.install_model_classes`;
 2. build the TP worker with :func:`spexis_tp_worker_class` (in ``Scheduler.init_tp_model_worker``)
    or, with the stock scheduler, call :func:`install_worker_class`.
 
@@ -29,11 +29,8 @@ from sglang.srt.model_executor.model_runner_components.layer_setup import (
 )
 from sglang.srt.runtime_context import get_schedule
 
-from spexis_sglang.srt.draft_model import (
-    DraftHeadError,
-    draft_num_layers,
-    install_model_classes,
-)
+from spexis_sglang.srt.draft_model import DraftHeadError, draft_num_layers
+from spexis_sglang.srt.model_registry import install_model_classes
 
 logger = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ def install() -> None:
 
         scheduler_module.PrefillAdder = SpexisPrefillAdder
     if get_config().enabled:
-        from spexis_sglang.srt.draft_model import install_model_classes
+        from spexis_sglang.srt.model_registry import install_model_classes
 
         install_model_classes()
     _installed = True

@@ -160,7 +160,7 @@ INTERNALS: Tuple[Internal, ...] = (
         None,
         "hooks (--spexis-float64)",
     ),
-    Internal("sglang.srt.models.registry", "ModelRegistry", "rebind", None, "draft_model"),
+    Internal("sglang.srt.models.registry", "ModelRegistry", "rebind", None, "model_registry"),
     # -- workers, model runner, receiver, tokenizer manager
     Internal(
         "sglang.srt.managers.tp_worker",
