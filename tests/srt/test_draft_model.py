@@ -22,6 +22,7 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
+from spexis_sglang.srt import draft_artifact as da
 from spexis_sglang.srt import draft_model as dm
 from spexis_sglang.srt.model_registry import install_model_classes
 
@@ -50,8 +51,8 @@ def tiny_config(**overrides):
 
 
 def test_no_head_when_unset():
-    assert dm.resolve_draft_head(None, tiny_config(), EXIT_LAYER, 2) is None
-    assert dm.resolve_draft_head("  ", tiny_config(), EXIT_LAYER, 2) is None
+    assert da.resolve_draft_head(None, tiny_config(), EXIT_LAYER, 2) is None
+    assert da.resolve_draft_head("  ", tiny_config(), EXIT_LAYER, 2) is None
 
 
 @pytest.mark.parametrize(
@@ -62,21 +63,21 @@ def test_no_head_when_unset():
     ],
 )
 def test_bad_values_fail_with_a_clear_message(value, message):
-    with pytest.raises(dm.DraftHeadError, match=message) as e:
-        dm.resolve_draft_head(value, tiny_config(), EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match=message) as e:
+        da.resolve_draft_head(value, tiny_config(), EXIT_LAYER, 2)
     assert value in str(e.value)
 
 
 def test_artifact_dir_without_files(tmp_path):
-    with pytest.raises(dm.DraftHeadError, match="missing config.json"):
-        dm.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match="missing config.json"):
+        da.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
 
 
 def test_random_head_is_deterministic_and_uses_the_agreed_names():
     cfg = tiny_config()
-    a = dm.resolve_draft_head("random:0", cfg, EXIT_LAYER, 2)
-    b = dm.resolve_draft_head("random:0", cfg, EXIT_LAYER, 2)
-    c = dm.resolve_draft_head("random:1", cfg, EXIT_LAYER, 2)
+    a = da.resolve_draft_head("random:0", cfg, EXIT_LAYER, 2)
+    b = da.resolve_draft_head("random:0", cfg, EXIT_LAYER, 2)
+    c = da.resolve_draft_head("random:1", cfg, EXIT_LAYER, 2)
     assert a.num_layers == 1 and a.exit_layer == EXIT_LAYER
     assert a.final_norm and not a.post_attention_norm
     assert a.weights.keys() == b.weights.keys()
@@ -103,7 +104,7 @@ def _save_artifact(path: str, base_cfg, exit_layer: int, seed: int = 3):
 def test_artifact_loads_through_the_models_package(tmp_path):
     cfg = tiny_config()
     head = _save_artifact(str(tmp_path), cfg, EXIT_LAYER)
-    spec = dm.resolve_draft_head(str(tmp_path), cfg, EXIT_LAYER, 2)
+    spec = da.resolve_draft_head(str(tmp_path), cfg, EXIT_LAYER, 2)
     assert spec.num_layers == 1 and spec.exit_layer == EXIT_LAYER and spec.final_norm
     for k, v in head.state_dict().items():
         assert torch.equal(spec.weights[k], v)
@@ -111,16 +112,16 @@ def test_artifact_loads_through_the_models_package(tmp_path):
 
 def test_artifact_of_another_base_model_names_the_field(tmp_path):
     _save_artifact(str(tmp_path), tiny_config(num_key_value_heads=4), EXIT_LAYER)
-    with pytest.raises(dm.DraftHeadError) as e:
-        dm.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError) as e:
+        da.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
     assert str(tmp_path) in str(e.value)
     assert "num_key_value_heads" in str(e.value)
 
 
 def test_exit_layer_mismatch_names_both_and_suggests_a_partition(tmp_path):
     _save_artifact(str(tmp_path), tiny_config(), exit_layer=1)
-    with pytest.raises(dm.DraftHeadError) as e:
-        dm.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError) as e:
+        da.resolve_draft_head(str(tmp_path), tiny_config(), EXIT_LAYER, 2)
     msg = str(e.value)
     assert str(tmp_path) in msg
     assert "exit layer 1" in msg and "stage 0 ends at layer 2" in msg
@@ -128,9 +129,9 @@ def test_exit_layer_mismatch_names_both_and_suggests_a_partition(tmp_path):
 
 
 def test_partition_hint_spreads_the_rest_like_sglang():
-    with pytest.raises(dm.DraftHeadError, match="SGLANG_PP_LAYER_PARTITION=8,11,11,11"):
-        dm.check_exit_layer("a", 8, 10, 41, 4)
-    dm.check_exit_layer("a", 10, 10, 41, 4)  # matching: no error
+    with pytest.raises(da.DraftHeadError, match="SGLANG_PP_LAYER_PARTITION=8,11,11,11"):
+        da.check_exit_layer("a", 8, 10, 41, 4)
+    da.check_exit_layer("a", 10, 10, 41, 4)  # matching: no error
 
 
 def _write_plain_artifact(path, weights: Dict[str, torch.Tensor], cfg: dict):
@@ -146,37 +147,37 @@ def _write_plain_artifact(path, weights: Dict[str, torch.Tensor], cfg: dict):
 
 def test_own_loader_without_the_models_package(tmp_path, monkeypatch):
     """The fallback reader: post-attention norms are optional, shapes and names are checked."""
-    monkeypatch.setattr(dm, "_load_with_models_package", lambda path, base: None)
+    monkeypatch.setattr(da, "_load_with_models_package", lambda path, base: None)
     cfg = tiny_config()
-    weights = dm.random_draft_head_weights(cfg, seed=5)
+    weights = da.random_draft_head_weights(cfg, seed=5)
     weights["layers.0.post_attention_layernorm.weight"] = torch.ones(64)
     good = str(tmp_path / "good")
     _write_plain_artifact(good, weights, {"exit_layer": EXIT_LAYER, "hidden_size": 64})
-    spec = dm.resolve_draft_head(good, cfg, EXIT_LAYER, 2)
+    spec = da.resolve_draft_head(good, cfg, EXIT_LAYER, 2)
     assert spec.post_attention_norm and spec.final_norm and spec.num_layers == 1
 
     bad_field = str(tmp_path / "bad_field")
     _write_plain_artifact(bad_field, weights, {"exit_layer": EXIT_LAYER, "hidden_size": 32})
-    with pytest.raises(dm.DraftHeadError, match="hidden_size=32 .* hidden_size=64"):
-        dm.resolve_draft_head(bad_field, cfg, EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match="hidden_size=32 .* hidden_size=64"):
+        da.resolve_draft_head(bad_field, cfg, EXIT_LAYER, 2)
 
     bad_shape = str(tmp_path / "bad_shape")
     _write_plain_artifact(
         bad_shape, {**weights, "fc.bias": torch.zeros(63)}, {"exit_layer": EXIT_LAYER}
     )
-    with pytest.raises(dm.DraftHeadError, match="tensor fc.bias has shape"):
-        dm.resolve_draft_head(bad_shape, cfg, EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match="tensor fc.bias has shape"):
+        da.resolve_draft_head(bad_shape, cfg, EXIT_LAYER, 2)
 
     missing = str(tmp_path / "missing")
     partial = {k: v for k, v in weights.items() if k != "norm.weight"}
     _write_plain_artifact(missing, partial, {"exit_layer": EXIT_LAYER})
-    with pytest.raises(dm.DraftHeadError, match=r"missing tensors \['norm.weight'\]"):
-        dm.resolve_draft_head(missing, cfg, EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match=r"missing tensors \['norm.weight'\]"):
+        da.resolve_draft_head(missing, cfg, EXIT_LAYER, 2)
 
     no_exit = str(tmp_path / "no_exit")
     _write_plain_artifact(no_exit, weights, {})
-    with pytest.raises(dm.DraftHeadError, match="does not record 'exit_layer'"):
-        dm.resolve_draft_head(no_exit, cfg, EXIT_LAYER, 2)
+    with pytest.raises(da.DraftHeadError, match="does not record 'exit_layer'"):
+        da.resolve_draft_head(no_exit, cfg, EXIT_LAYER, 2)
 
 
 def test_model_classes_keep_sglangs_forward_signature_and_register():
@@ -331,7 +332,7 @@ def test_drafts_equal_the_torch_reference_head(tiny_model_dir, served, hf_refere
     model, refs = hf_reference
     cfg = model.config
     head = models.DraftHead(models.DraftHeadConfig.from_base(cfg)).eval()
-    head.load_state_dict(dm.random_draft_head_weights(cfg, seed=0))
+    head.load_state_dict(da.random_draft_head_weights(cfg, seed=0))
     embed = model.get_input_embeddings().weight.float()
     assert served["cached"] >= len(served["prompts"][0]) - 1  # r3 hit r0's prefix
 

@@ -29,7 +29,8 @@ from sglang.srt.model_executor.model_runner_components.layer_setup import (
 )
 from sglang.srt.runtime_context import get_schedule
 
-from spexis_sglang.srt.draft_model import DraftHeadError, draft_num_layers
+from spexis_sglang.srt.draft_artifact import DraftHeadError
+from spexis_sglang.srt.draft_model import draft_num_layers
 from spexis_sglang.srt.model_registry import install_model_classes
 
 logger = logging.getLogger(__name__)
