@@ -108,6 +108,14 @@ def exact_test_args() -> List[str]:
     return [] if cuda_available() else ["--spexis-float64"]
 
 
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ServerDied(RuntimeError):
     pass
 
@@ -126,17 +134,21 @@ class ServerProcess:
         log_path: Optional[str] = None,
         module: str = "spexis_sglang.launch_server",
         new_session: bool = True,
+        die_with_parent: bool = False,
     ):
-        """``new_session``: the server in a session of its own (a test server outlives a
-        killed test only until the suite's clean-up); False keeps it in the caller's session,
-        so it ends with the caller's command (the GPU machines' benchmarks). Either way it
-        leads its own process group, which :meth:`stop` ends."""
+        """``new_session``: the server in a session of its own; False keeps it in the caller's
+        session, so it ends with the caller's command (the GPU machines' benchmarks). Either
+        way it leads its own process group, which :meth:`stop` ends. ``die_with_parent``
+        (Linux): the server is sent SIGTERM, which stops its whole tree, when the process that
+        started it dies, even by SIGKILL (a test run killed by a timeout leaves no server
+        behind); the starting thread must live as long as the server."""
         # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
         # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
         self.args = list(args) + shlex.split(os.environ.get("SPEXIS_TEST_SERVER_ARGS", ""))
         self._fixed_port, self._fixed_log = port, log_path
         self._env, self._module = env, module
         self._new_session = new_session
+        self._die_with_parent = die_with_parent
         self._launch(port or free_port(), log_path)
 
     def _launch(self, port: int, log_path: Optional[str]) -> None:
@@ -161,6 +173,8 @@ class ServerProcess:
         ServerProcess.launches.append(list(self.args))
         self.started_at = time.time()
         session = {"start_new_session": True} if self._new_session else {"process_group": 0}
+        if self._die_with_parent and sys.platform.startswith("linux"):
+            session["preexec_fn"] = _terminate_with_parent
         self.proc = subprocess.Popen(
             self.cmd,
             stdout=self._log,

@@ -99,7 +99,7 @@ def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> Serve
     """A new test server (exact mode, the suite's environment), started once there is room."""
     with start_lock():
         make_room()
-        return ServerProcess(exact(args), env=server_env(env)).wait_ready()
+        return ServerProcess(exact(args), env=server_env(env), die_with_parent=True).wait_ready()
 
 
 # With pytest-xdist (``make test``: two workers) the end-to-end files run in two groups, each on
@@ -205,7 +205,7 @@ def get_server(
     if server is None or not server.alive():
         with start_lock():
             make_room()
-            server = ServerProcess(exact(args), env=server_env(env))
+            server = ServerProcess(exact(args), env=server_env(env), die_with_parent=True)
             _servers[key] = server
             server.wait_ready()
     _servers[key] = server  # most recently used

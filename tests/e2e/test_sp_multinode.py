@@ -30,8 +30,12 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
         with start_lock():
             make_room()
             # no HTTP API: stage 1 only
-            node1 = ServerProcess(args + ["--node-rank", "1"], env=server_env())
-            node0 = ServerProcess(args + ["--node-rank", "0"], env=server_env()).wait_ready()
+            node1 = ServerProcess(
+                args + ["--node-rank", "1"], env=server_env(), die_with_parent=True
+            )
+            node0 = ServerProcess(
+                args + ["--node-rank", "0"], env=server_env(), die_with_parent=True
+            ).wait_ready()
         got = node0.greedy_ids(prompts, 32)
         stats = spexis_stats(node0)
         assert node1.alive()

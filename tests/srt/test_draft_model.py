@@ -235,6 +235,7 @@ def head_server(tiny_model_dir, tmp_path_factory):
         ["--model-path", tiny_model_dir, "--pp-size", "2", "--dtype", "float32"],
         env={dm.ENV_DRAFT_HEAD: "random:0", dm.ENV_DRAFT_TRACE: trace},
         module="spexis_sglang.draft_head_server",
+        die_with_parent=True,
     )
     try:
         server.wait_ready()
