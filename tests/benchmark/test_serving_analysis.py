@@ -253,10 +253,25 @@ def test_cpu_record_per_process_and_tokens_per_cpu_second():
     assert rec["output_tokens_per_server_cpu_s"] == 20.0
     assert rec["output_tokens_per_busiest_cpu_s"] == 35.0
     assert serving.cpu_record({}, {}, 5)["output_tokens_per_busiest_cpu_s"] is None
-    import os
+    import subprocess
+    import sys
+    import time
 
-    mine = serving.server_cpu_times(os.getpid())  # this process: one entry, some CPU used
-    assert len(mine) == 1 and list(mine.values())[0] > 0
+    # a process of its own (under pytest-xdist the test process may also hold other tests'
+    # servers as children): one entry, and the CPU it has used
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 30
+        while True:
+            mine = serving.server_cpu_times(child.pid)
+            if sum(mine.values()) >= 0.2 or time.time() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    assert len(mine) == 1 and list(mine.values())[0] >= 0.2
 
 
 def test_recorded_command_lines_hold_no_machine_paths(tmp_path):
