@@ -244,23 +244,10 @@ class Server(ServerProcess):
             new_session=False,
         )
 
-    @property
-    def ready_s(self) -> Optional[float]:
-        return self.ready_after
-
-    def tail(self, n: int = 30) -> str:
-        return self.log_tail(n)
-
-    def get(self, path: str, timeout: float = 60) -> Any:
-        return self.get_json(path, timeout)
-
-    def post(self, path: str, obj: Any, timeout: float) -> Any:
-        return self.post_json(path, obj, timeout)
-
 
 # ----------------------------------------------------------------------------- measuring
 def server_state(srv: Server) -> Dict[str, Any]:
-    info = srv.get("/server_info")
+    info = srv.server_info()
     st = (info.get("internal_states") or [{}])[0]
     return {
         "spexis": st.get("spexis"),
@@ -288,7 +275,7 @@ def one_run(
     body = {"input_ids": prompts, "sampling_params": sampling}
     before = server_state(srv)["spexis"]
     t = time.perf_counter()
-    out = srv.post("/generate", body, timeout=timeout)
+    out = srv.generate(body, timeout=timeout)
     dt = time.perf_counter() - t
     after = server_state(srv)["spexis"]
     if isinstance(out, dict):
@@ -405,7 +392,7 @@ def set_micro_batch_cap(
     if cfg["kind"] != "pp" or n < 2 or not micro_mode:
         return None
     micro = max(1, batch // n) if micro_mode == "balanced" else max(1, max(a.batches) // n)
-    reply = srv.post(
+    reply = srv.post_json(
         "/set_internal_state",
         {"server_args": {"pp_max_micro_batch_size": micro}},
         a.request_timeout,
@@ -481,7 +468,7 @@ def run_config(
         srv.wait_ready(min(a.health_timeout, max(10.0, deadline - time.time())))
         state = {k: v for k, v in server_state(srv).items() if k != "spexis"}
         for res in results:
-            res["ready_after_s"] = round(srv.ready_s or 0, 1)
+            res["ready_after_s"] = round(srv.ready_after or 0, 1)
             res.update(state)
         one_run(
             srv,
@@ -550,7 +537,7 @@ def run_config(
     except Exception as e:  # noqa: BLE001
         current["status"] = "failed"
         current["error"] = repr(e)
-        current["log_tail"] = srv.tail(40)
+        current["log_tail"] = srv.log_tail(40)
         print(f"  {model} {cfg['name']} FAILED: {e!r}\n{current['log_tail']}", flush=True)
     finally:
         srv.stop()

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import measurements as M  # noqa: E402
+from calibrate import OVERLAP_FIT_FILE  # noqa: E402
 
 from spexis_sglang.core.pipeline_sim import (  # noqa: E402
     AcceptanceModel,
@@ -56,9 +57,7 @@ from spexis_sglang.core.pipeline_sim import (  # noqa: E402
 from spexis_sglang.core.stage_costs import HostCosts, HostPhase, StagePlan  # noqa: E402
 from spexis_sglang.planning.aic import aic_static_prediction, load_model_shape  # noqa: E402
 from spexis_sglang.planning.machines import machine_for, stage_costs_for  # noqa: E402
-from spexis_sglang.planning.presets import LOOPS, CALIBRATION_PATH, load_calibration  # noqa: E402
-
-from calibrate import OVERLAP_FIT_FILE  # noqa: E402
+from spexis_sglang.planning.presets import CALIBRATION_PATH, LOOPS, load_calibration  # noqa: E402
 
 logger = logging.getLogger("validate")
 MS = 1e-3

@@ -274,9 +274,7 @@ class ServerProcess:
         return self.get_json("/server_info", timeout)
 
     def generate(self, payload: dict, timeout: float = 600.0) -> dict:
-        r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
-        r.raise_for_status()
-        return r.json()
+        return self.post_json("/generate", payload, timeout)
 
     def greedy_ids(
         self, prompts_ids: List[List[int]], max_new_tokens: int, **params

@@ -85,7 +85,7 @@ class _FakeServer:
     def __init__(self, reply):
         self.reply, self.sent = reply, []
 
-    def post(self, path, obj, timeout):
+    def post_json(self, path, obj, timeout):
         self.sent.append((path, obj))
         return self.reply
 

@@ -106,27 +106,22 @@ def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> Serve
 # one worker, balanced by their time on the 2-core machine; both groups use the default model's
 # two shared servers (each worker starts its own), the tiny model's files are all in the second.
 # Unit tests are spread over both workers.
-E2E_GROUPS = {
-    "e2e-a": [
-        "test_sp_admission.py",
-        "test_sp_penalties.py",
-        "test_sp_alpha_auto.py",
-        "test_sp_multinode.py",
-        "test_foundation.py",
-        "test_gemma3.py",
-        "test_collect_backend.py",
-        "test_frontend_dsl.py",
-    ],
-    # everything else, the tiny model's files among them
-    "e2e-b": [],
+E2E_GROUP_A = {
+    "test_sp_admission.py",
+    "test_sp_penalties.py",
+    "test_sp_alpha_auto.py",
+    "test_sp_multinode.py",
+    "test_foundation.py",
+    "test_gemma3.py",
+    "test_collect_backend.py",
+    "test_frontend_dsl.py",
 }
 
 
 def e2e_group(file_name: str) -> str:
-    for group, files in E2E_GROUPS.items():
-        if file_name in files:
-            return group
-    return "e2e-b"
+    """``e2e-a`` for the files of ``E2E_GROUP_A``, ``e2e-b`` for every other (the tiny
+    model's files among them)."""
+    return "e2e-a" if file_name in E2E_GROUP_A else "e2e-b"
 
 
 # The order the end-to-end files run in (a server start costs tens of seconds on CI, and
@@ -159,8 +154,8 @@ E2E_ORDER = [
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
-    """Run the end-to-end tests in ``E2E_ORDER`` (unit tests keep their places), in their
-    ``E2E_GROUPS``."""
+    """Run the end-to-end tests in ``E2E_ORDER`` (unit tests keep their places), each in its
+    group (``e2e_group``)."""
     here = os.path.dirname(os.path.abspath(__file__))
     slots = [i for i, item in enumerate(items) if os.path.dirname(str(item.path)) == here]
 
@@ -203,11 +198,7 @@ def get_server(
     key = tuple(args) + tuple(sorted((env or {}).items()))
     server = _servers.pop(key, None)
     if server is None or not server.alive():
-        with start_lock():
-            make_room()
-            server = ServerProcess(exact(args), env=server_env(env), die_with_parent=True)
-            _servers[key] = server
-            server.wait_ready()
+        server = start_server(args, env)
     _servers[key] = server  # most recently used
     _in_use.add(key)
     if not keep:

@@ -877,11 +877,9 @@ class _Sim:
                     if prev is not None and prev.kind == "decode":
                         yield from self._wait(r, "wait_draft", self.sig("gpu", 0, k - 1))
                         yield self.host(r, "draft_sync", prev)
-                if self.policy.idle() and self.policy.adm is not None:
-                    if self.policy.all_done():
-                        self.stopping = True
-                        return
-                    yield from self._sleep_until_arrival(r)
+                yield from self._idle_until_arrival(r)
+                if self.stopping:
+                    return
                 b = self._decide(k)
             else:
                 yield from self._wait(r, "wait_decision", self.sig("decided", 0, k))
@@ -951,11 +949,9 @@ class _Sim:
                     if self.stopping:
                         return
                     fwd.append(j)
-                if self.policy.idle() and self.policy.adm is not None:
-                    if self.policy.all_done():
-                        self.stopping = True
-                        return
-                    yield from self._sleep_until_arrival(r)
+                yield from self._idle_until_arrival(r)
+                if self.stopping:
+                    return
                 b = self._decide(k)
                 if b is not None:
                     self._submit(r, k, b)
@@ -988,6 +984,15 @@ class _Sim:
             if r == 0:
                 self._gc(min(self.rank_iter) - 2 * L - 2)
 
+    def _idle_until_arrival(self, r: int) -> Generator:
+        """Stage 0 with nothing running under admission: stop once every request is done
+        (``stopping``), else sleep until the next one arrives."""
+        if self.policy.idle() and self.policy.adm is not None:
+            if self.policy.all_done():
+                self.stopping = True
+                return
+            yield from self._sleep_until_arrival(r)
+
     def _submit(self, r: int, k: int, b: _Batch) -> None:
         """Stage 0's forward of ``k`` with its launch already charged (graphs: one replay)."""
         dur, mf = self.gpu_time(r, b)
@@ -999,11 +1004,9 @@ class _Sim:
         """PP=1: SGLang's overlap loop (launch k, then process k-1)."""
         k = 0
         while not self.stopping:
-            if self.policy.idle() and self.policy.adm is not None:
-                if self.policy.all_done():
-                    self.stopping = True
-                    return
-                yield from self._sleep_until_arrival(0)
+            yield from self._idle_until_arrival(0)
+            if self.stopping:
+                return
             b = self._decide(k)
             yield self.host(0, "schedule", b)
             if b is not None:
