@@ -56,8 +56,9 @@ Configurations (``--configs``): ``pp1`` (stock SGLang, one stage: the reference 
 fits), ``plain`` (stock SGLang PP=N), ``tp`` (stock TP=N), ``sp`` (Spexis SP, ``--draft-head``,
 alpha 0), ``sp-alpha`` (+ ``--spexis-alpha``: ``--alpha auto`` = the value the alpha chooser
 recorded in the draft head's artifact, ``extra.alpha.affine``), ``sp-la`` (+ the length
-predictor and ``--spexis-lookahead-admission``): the paper's Figure-8 breakdown; more with
-``--config NAME='ARGS'``. ``--server-args`` is appended to every server (the same KV budget
+predictor and ``--spexis-lookahead-admission``): the paper's Figure-8 breakdown;
+``plain-mixed`` and ``sp-mixed`` (``plain`` and ``sp`` with ``--enable-mixed-chunk``: decode
+rows ride along prefill chunks); more with ``--config NAME='ARGS'``. ``--server-args`` is appended to every server (the same KV budget
 for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced acceptance),
 ``--bench-args`` to every bench_serving call.
 
@@ -95,7 +96,7 @@ from spexis_sglang.testing import count_retractions
 
 logger = logging.getLogger("benchmark.serving")
 
-BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la")
+BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la", "plain-mixed", "sp-mixed")
 DATASET_WORKLOADS = ("sharegpt", "specbench", "long")
 DEFAULT_MAX_OUTPUT_LEN = 256
 
@@ -160,6 +161,9 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
         "sp": sp,
         "sp-alpha": sp + alpha_args,
         "sp-la": sp + alpha_args + lengths + ["--spexis-lookahead-admission"],
+        # decode rows ride along prefill chunks (SGLang's --enable-mixed-chunk; SP's rows too)
+        "plain-mixed": plain + ["--enable-mixed-chunk"],
+        "sp-mixed": sp + ["--enable-mixed-chunk"],
     }
     configs = []
     for name in [c for c in args.configs.split(",") if c]:

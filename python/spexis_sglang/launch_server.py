@@ -159,10 +159,10 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "each decode batch), which costs start-up time and GPU memory; --cuda-graph-max-bs "
         "sets the limit. Refused with --pp-async-batch-depth > 0 (no gain: under "
         "SP a depth lengthens the verification loop and costs more committed tokens per row "
-        "than the wait it could hide), with --enable-mixed-chunk (an SP "
-        "iteration is a prefill chunk or SP decode rows, not both; mixing them is not "
-        "implemented) and with --scheduler-recv-interval > 1 (the later stages must read "
-        "stage 0's plan in the iteration it was made for).",
+        "than the wait it could hide) and with --scheduler-recv-interval > 1 (the later "
+        "stages must read stage 0's plan in the iteration it was made for). With "
+        "--enable-mixed-chunk the running requests' SP rows ride along each prefill chunk "
+        "(requests that return logprobs, use a grammar or penalties keep chunks unmixed).",
     )
     group.add_argument(
         "--spexis-alpha",
@@ -396,15 +396,6 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             "0.56 at D=1), more than the wait it could hide (stage 0 waits 10-24% of its loop "
             "in the H200 runs); it did not speed up stock PP=2 on CPU either (0.90x, "
             "benchmark/results/cpu_pp_async_depth.json)"
-        )
-    if server_args.enable_mixed_chunk:
-        raise LaunchError(
-            "--spexis-draft-head cannot be combined with --enable-mixed-chunk: an SP iteration "
-            "is either a prefill chunk or a batch of SP decode rows; riding the rows along a "
-            "prefill chunk needs a mixed batch built from SP's rows (positions, drafts and "
-            "slots from its SlotState, not SGLang's running batch), stage 0's drafts and the "
-            "last stage's tokens split between SGLang's prefill processing and SP's "
-            "verification, and merged sampling, penalty and logprob state: not implemented"
         )
     if server_args.scheduler_recv_interval > 1:
         raise LaunchError(

@@ -81,10 +81,6 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "needs --pp-async-batch-depth 0 (got 1): stock PP processes a micro-batch's result",
         ),
         (
-            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--enable-mixed-chunk"],
-            "cannot be combined with --enable-mixed-chunk: an SP iteration is either a prefill",
-        ),
-        (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--scheduler-recv-interval", "4"],
             "needs --scheduler-recv-interval 1 (got 4): SGLang's receive skipper reads requests",
         ),
@@ -287,7 +283,7 @@ def test_help_names_the_launch_options_sp_combines_with_and_refuses(capsys):
     for text in (
         "Works with --dp-size (one SP pipeline per replica) and --page-size",
         "Refused with --pp-async-batch-depth > 0",
-        "--enable-mixed-chunk (an SP iteration is a prefill chunk or SP decode rows",
+        "With --enable-mixed-chunk the running requests' SP rows ride along each prefill chunk",
         "--scheduler-recv-interval > 1 (the later stages must read stage 0's plan",
         "decode CUDA graphs are captured up to pp-size x SGLang's default batch",
         "so requests may be admitted earlier than SGLang would",

@@ -433,6 +433,7 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
         )
         self.waiting_queue: List[Req] = []
         self.chunked_req = None
+        self.is_mixed_chunk = False  # SGLang's --enable-mixed-chunk (with a chunk size)
         self._pending_chunked_abort_req = None
         self.enable_hicache_storage = False
         self.disaggregation_mode = DisaggregationMode.NULL

@@ -32,8 +32,10 @@ class SPStats:
     # -- iterations (the scheduler) ---------------------------------------------------------
     #: batches launched (prefill and decode)
     iterations: int = 0
-    #: decode batches launched
+    #: batches of SP rows launched (decode batches, and rows riding along a prefill chunk)
     decode_iterations: int = 0
+    #: prefill chunks SP rows rode along (``--enable-mixed-chunk``; a subset of both counts)
+    mixed_iterations: int = 0
 
     # -- rows and verdicts (the SP state) ---------------------------------------------------
     #: decode rows launched on a verified input token
@@ -79,6 +81,8 @@ class SPStats:
     #: this rank's decode forwards run eagerly (every CPU forward; on a GPU a batch above
     #: ``--cuda-graph-max-bs``)
     decode_eager_forwards: int = 0
+    #: this rank's forwards of SP rows riding along a prefill chunk (always eager)
+    mixed_forwards: int = 0
 
     # -- selective speculation on stage 0 (the alpha controller) ----------------------------
     #: the drop ratio in force (fixed, or the latest online choice under ``--spexis-alpha auto``)

@@ -21,7 +21,11 @@ _ROW_KINDS = (
     ("redone", "rows_redone"),
 )
 _VERDICTS = (("accepted", "accepted"), ("rejected", "rejected"))
-_FORWARD_MODES = (("graph", "decode_graph_replays"), ("eager", "decode_eager_forwards"))
+_FORWARD_MODES = (
+    ("graph", "decode_graph_replays"),
+    ("eager", "decode_eager_forwards"),
+    ("mixed", "mixed_forwards"),
+)
 
 
 class SpexisMetrics:
@@ -59,7 +63,8 @@ class SpexisMetrics:
         )
         self.decode_forwards = Counter(
             "spexis:decode_forwards",
-            "Stage 0's decode forwards, by how they ran (graph: a CUDA graph replay, eager).",
+            "Stage 0's forwards of SP rows, by how they ran (graph: a CUDA graph replay, eager, "
+            "mixed: riding along a prefill chunk).",
             labelnames=names + ["mode"],
         )
         self.acceptance = Gauge(

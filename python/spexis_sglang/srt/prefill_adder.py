@@ -24,10 +24,25 @@ from sglang.srt.managers.schedule_policy import (
 
 #: attribute of the running ``ScheduleBatch``: admit by the gate's count this pass
 COUNT_ADMISSION = "spexis_count_admission"
+#: attribute of the running ``ScheduleBatch``: SP rows that ride along the chunk this pass
+#: (``sp_mixed``; stock SGLang passes its running batch size under ``--enable-mixed-chunk``)
+MIXED_DECODE_ROWS = "spexis_mixed_decode_rows"
 
 
 class SpexisPrefillAdder(PrefillAdder):
-    """``PrefillAdder`` that, when the scheduler admits by count, reserves no future tokens."""
+    """``PrefillAdder`` that, when the scheduler admits by count, reserves no future tokens;
+    and that leaves room in the chunk for the SP rows riding along it."""
+
+    def __init__(self, page_size, tree_cache, allocator, running_batch, *args, **kwargs):
+        super().__init__(page_size, tree_cache, allocator, running_batch, *args, **kwargs)
+        rows = int(getattr(running_batch, MIXED_DECODE_ROWS, 0) or 0)
+        if rows:
+            # what SGLang's num_mixed_decode_tokens does (SP keeps SGLang's own mixing off)
+            self.rem_input_tokens -= rows
+            if self.rem_chunk_tokens is not None:
+                self.rem_chunk_tokens -= rows
+            self.rem_total_token_offset += rows
+            self.cur_rem_token_offset += rows
 
     @property
     def count_admission(self) -> bool:

@@ -133,6 +133,46 @@ INTERNALS: Tuple[Internal, ...] = (
         "prefill_adder",
     ),
     Internal(
+        "sglang.srt.managers.schedule_policy",
+        "PrefillAdder.__init__",
+        "override",
+        (
+            "page_size",
+            "tree_cache",
+            "token_to_kv_pool_allocator",
+            "running_batch",
+            "new_token_ratio",
+            "rem_input_tokens",
+            "rem_chunk_tokens",
+            "num_mixed_decode_tokens",
+        ),
+        "prefill_adder (the chunk's share of mixed SP rows)",
+    ),
+    # -- ScheduleBatch fields a mixed batch sets or hands over (sp_mixed)
+    *(
+        Internal(
+            "sglang.srt.managers.schedule_batch", f"ScheduleBatch.{field}", "read", None, "sp_mixed"
+        )
+        for field in (
+            "prefill_input_ids_cpu",
+            "mix_running_indices",
+            "decoding_reqs",
+            "launch_ts",
+            "forward_iter",
+            "prefix_lens",
+            "extend_lens",
+            "extend_num_tokens",
+            "extend_logprob_start_lens",
+        )
+    ),
+    Internal(
+        "sglang.srt.sampling.sampling_batch_info",
+        "SamplingBatchInfo.from_schedule_batch",
+        "call",
+        ("batch", "vocab_size"),
+        "sp_sampling, sp_mixed",
+    ),
+    Internal(
         "sglang.srt.entrypoints.engine",
         "_set_envs_and_config",
         "rebind",
@@ -215,6 +255,7 @@ SCHEDULER_STATE: Tuple[str, ...] = (
     "running_batch",
     "cur_batch_for_debug",
     "chunked_req",
+    "is_mixed_chunk",
     "waiting_queue",
     "max_running_requests",
     "request_receiver",

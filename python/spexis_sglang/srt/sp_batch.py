@@ -20,7 +20,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt import sp_grammar
-from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION
+from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION, MIXED_DECODE_ROWS
 from spexis_sglang.srt.protocol import SpexisPlan
 from spexis_sglang.srt.sp_logprobs import set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
@@ -40,8 +40,8 @@ class SPBatchMixin:
         plan_in: Optional[SpexisPlan],
         transit: Optional[ScheduleBatch] = None,
     ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
-        """This iteration's batch: a prefill (SGLang's admission), else every running
-        request's next row. ``transit``: the batch whose results reach the device before this
+        """This iteration's batch: a prefill (SGLang's admission; with ``--enable-mixed-chunk``
+        the running requests' rows ride along), else every running request's next row. ``transit``: the batch whose results reach the device before this
         one runs (a decode batch's verdicts then decide where some rows run)."""
         sp = self.sp
         plan_out = SpexisPlan(iteration=sp.iteration)
@@ -62,20 +62,24 @@ class SPBatchMixin:
             # the limit is decided afresh every iteration: a "full" batch it caused must not
             # outlive it (stock SGLang clears batch_is_full only when memory frees up)
             sp.running.batch_is_full = False
-        # a cap is the gate's count: it replaces SGLang's token reservation (prefill_adder)
+        # a cap is the gate's count: it replaces SGLang's token reservation (prefill_adder);
+        # rows that may ride along the chunk take their share of its tokens (sp_mixed)
         setattr(sp.running, COUNT_ADMISSION, sp.admit_cap is not None)
+        mixed_rows = len(sp.running.reqs) if self.sp_rows_can_mix() else 0
+        setattr(sp.running, MIXED_DECODE_ROWS, mixed_rows)
         try:
             prefill = self.get_new_batch_prefill(sp.running).batch_to_run
         finally:
             sp.admit_cap = None
             setattr(sp.running, COUNT_ADMISSION, False)
+            setattr(sp.running, MIXED_DECODE_ROWS, 0)
         if prefill is not None and sp.admit_reservation is not None:
             # admitted while SGLang's reservation would still have held them back
             sp.stats.admissions_early += max(0, len(prefill.reqs) - sp.admit_reservation)
         sp.admit_reservation = None
         if prefill is not None:
-            sp.add(prefill, SPBatch("prefill"))
-            return prefill, plan_out
+            # the running requests' rows ride along where they can (sp_mixed)
+            return self.sp_mix(prefill, plan_in, plan_out), plan_out
         record = sp.record(transit)
         pipelined = record is not None and record.decode
         batch = self.sp_build_decode_batch(plan_in, plan_out, transit if pipelined else None)

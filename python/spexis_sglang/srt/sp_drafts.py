@@ -75,10 +75,14 @@ class SPDraftsMixin:
         speculative rows) and queue their copy to the host behind the forward that made them
         (one copy, one reusable event; on CPU the forward's own tensor)."""
         record = self.sp.record(batch)
-        n = len(record.rows)  # a CUDA-graph replay returns its outputs padded
+        # a CUDA-graph replay returns its outputs padded; a mixed batch's rows follow its
+        # prefill's requests
+        start = record.rows_offset
+        end = start + len(record.rows)
         tensors = result.pp_hidden_states_proxy_tensors.tensors
-        self.sp.draft_by_slot[batch.req_pool_indices] = tensors[PROXY_DRAFT_IDS][:n]
-        packed = tensors[PROXY_DRAFT_HOST][:n]
+        slots = batch.req_pool_indices if not start else record.rows_batch.req_pool_indices
+        self.sp.draft_by_slot[slots] = tensors[PROXY_DRAFT_IDS][start:end]
+        packed = tensors[PROXY_DRAFT_HOST][start:end]
         host, event = self.sp.readback.start(packed)
         record.drafts = PendingDrafts(
             record.rows, host, event, packed, PROXY_LENGTH_BUCKET in tensors
@@ -96,9 +100,11 @@ class SPDraftsMixin:
         stats = self.sp.stats
         stats.iterations += 1
         record = self.sp.record(batch)
-        if record is None or not record.decode:
+        if record is None or not record.has_rows:
             return
-        if getattr(result, "can_run_cuda_graph", False):
+        if record.mixed:
+            stats.mixed_forwards += 1
+        elif getattr(result, "can_run_cuda_graph", False):
             stats.decode_graph_replays += 1
         else:
             stats.decode_eager_forwards += 1
@@ -108,6 +114,7 @@ class SPDraftsMixin:
         elif record.needs_drafts:
             # The last stage penalises rows by the drafts they are built on (sp_penalties):
             # it takes the drafts' values from the proxy they came down the pipe with.
+            # (A mixed batch's rows never need them: sp_mixed.)
             n = len(rows)
             extras = record.extras
             packed = pack_drafts(extras[PROXY_DRAFT_IDS][:n], extras[PROXY_DRAFT_CONF][:n])

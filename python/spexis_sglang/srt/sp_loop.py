@@ -127,12 +127,18 @@ class SPLoopMixin:
                     dict(tensors), async_send=True, msg_type="output"
                 )
             outputs = TransitOutputs(tensors, len(transit.reqs), sp.output_readback)
-        if not sp.record(transit).decode or transit.return_logprob:
+        record = sp.record(transit)
+        if not record.decode or transit.return_logprob:
             # SGLang's own result record (prefill results, logprobs), as stock PP makes it
+            # (of a mixed batch: its prefill's)
+            batch, tensors = transit, outputs.tensors
+            if record.mixed:
+                batch = record.prefill
+                tensors = self.sp_mixed_prefill_outputs(tensors, record.rows_offset)
             with self.copy_stream_ctx:
                 self.copy_stream.wait_stream(self.schedule_stream)
                 outputs.batch_result = self._pp_prep_batch_result(
-                    transit, self.mb_metadata[transit_id], PPProxyTensors(outputs.tensors)
+                    batch, self.mb_metadata[transit_id], PPProxyTensors(tensors)
                 )
                 outputs.result_event = self.device_module.Event()
                 outputs.result_event.record(self.device_module.current_stream())

@@ -113,7 +113,8 @@ class SPBatch:
     results are processed (the batch itself stays in the loop's ``mbs`` until then), so no
     field of ours rides on SGLang's objects."""
 
-    #: "prefill" (SGLang's admission) or "decode" (SP rows)
+    #: "prefill" (SGLang's admission), "decode" (SP rows) or "mixed" (SP rows riding along a
+    #: prefill chunk, ``sp_mixed``)
     kind: str
     #: the decode rows, as launched (SlotState rewrites the rows the device redid)
     rows: Optional[Rows] = None
@@ -130,10 +131,28 @@ class SPBatch:
     needs_drafts: bool = False
     #: stage 0: where each row ran (a redone row at its alternative), sent down with the proxy
     positions: Optional[torch.Tensor] = None
+    #: a mixed batch's parts: SGLang's prefill (its results are processed on it) and the
+    #: batch of the rows riding along
+    prefill: Optional[ScheduleBatch] = None
+    rows_batch: Optional[ScheduleBatch] = None
 
     @property
     def decode(self) -> bool:
         return self.kind == "decode"
+
+    @property
+    def mixed(self) -> bool:
+        return self.kind == "mixed"
+
+    @property
+    def has_rows(self) -> bool:
+        """The batch carries SP rows (a decode or a mixed batch)."""
+        return self.kind != "prefill"
+
+    @property
+    def rows_offset(self) -> int:
+        """Where the rows' results start in the batch's outputs (after a mixed prefill's)."""
+        return len(self.prefill.reqs) if self.prefill is not None else 0
 
 
 @dataclass
@@ -183,6 +202,9 @@ class SPLoopState:
     #: the rows of a request the device may redo when the transit batch rejects their chain
     #: (tokens only, no penalizer, and an attention backend that reads lengths on the device)
     patchable: Optional[np.ndarray] = None
+    #: the rows of a request may ride along a prefill chunk (tokens only, no penalizer or
+    #: logit processor reading the output so far; ``sp_mixed``)
+    mixable: Optional[np.ndarray] = None
     #: stage 0: each slot's latest draft on the device (the input of its next speculative row)
     draft_by_slot: Optional[torch.Tensor] = None
     #: each slot's row in the transit batch (scratch of _sp_transit_rows)

@@ -9,6 +9,7 @@ concerns live in mixins, each typed ``self: SpexisScheduler`` as SGLang's own mi
 ``sp_setup``        the loop's state record and stage 0's helpers, built once
 ``sp_loop``         the loop as named steps: schedule, collect, launch, send, verify
 ``sp_batch``        a decode batch: rows, selection, KV memory, alternatives
+``sp_mixed``        SP rows riding along a prefill chunk (``--enable-mixed-chunk``)
 ``sp_drafts``       stage 0's drafts on the device and the host
 ``sp_verify``       returned results: verdicts, committed tokens, releases, KV freed
 ``sp_admission``    look-ahead admission's count per iteration
@@ -82,6 +83,7 @@ from spexis_sglang.srt.sp_drafts import SPDraftsMixin
 from spexis_sglang.srt.sp_forced import force_accept_param_error
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL
 from spexis_sglang.srt.sp_loop import SPLoopMixin
+from spexis_sglang.srt.sp_mixed import SPMixedMixin
 from spexis_sglang.srt.sp_observe import SPObserveMixin
 from spexis_sglang.srt.sp_records import SPLoopState
 from spexis_sglang.srt.sp_setup import SPSetupMixin
@@ -96,6 +98,7 @@ __all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler"]
 class SpexisScheduler(
     SPLoopMixin,
     SPBatchMixin,
+    SPMixedMixin,
     SPDraftsMixin,
     SPVerifyMixin,
     SPAdmissionMixin,
@@ -182,7 +185,8 @@ class SpexisScheduler(
 
     # ------------------------------------------------------------------ launch and results
     def run_batch(self, batch: ScheduleBatch, pp_proxy_tensors=None):
-        """SGLang's ``run_batch``; then, on stage 0, the copy of the decode batch's drafts to
+        """SGLang's ``run_batch`` (a batch of SP rows first completed on the device: drafts,
+        redone rows, a mixed batch's token ids); then, on stage 0, the copy of its drafts to
         the host is queued at once, still inside the launch's forward-stream context (entering
         that context again costs the scheduler two stream switches per iteration)."""
         timer = self.sp_gpu_timer
@@ -191,11 +195,18 @@ class SpexisScheduler(
             timer.poll()
             start = timer.start()
         record = self.sp.record(batch) if self.sp is not None else None
-        decode = record is not None and record.decode
-        if decode:
-            self._sp_resolve_rows(batch)
+        has_rows = record is not None and record.has_rows
+        if has_rows:
+            if record.mixed:
+                self.sp_resolve_mixed(batch)
+            else:
+                self._sp_resolve_rows(batch)
         result = super().run_batch(batch, pp_proxy_tensors)
-        if decode and self.sp.rank0:
+        if has_rows and record.mixed:
+            # the prefill's results are processed on its own batch (SGLang reads these)
+            record.prefill.forward_iter = batch.forward_iter
+            record.prefill.launch_ts = batch.launch_ts
+        if has_rows and self.sp.rank0:
             self._sp_start_draft_readback(batch, result)
         if timed:
             timer.stop(start, len(batch.reqs), batch.seq_lens_sum)

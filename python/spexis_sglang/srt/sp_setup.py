@@ -95,6 +95,7 @@ class SPSetupMixin:
             # a transit batch's tokens are read in the iteration they arrive
             output_readback=HostReadback(device, depth=2 * self.pp_loop_size + 2),
             patchable=np.zeros(capacity, dtype=bool),
+            mixable=np.zeros(capacity, dtype=bool),
             transit_row=np.zeros(capacity, dtype=np.int64),
         )
         if self.sp.rank0:
@@ -114,6 +115,10 @@ class SPSetupMixin:
             )
         if self.sp.alpha is not None:
             self.sp.alpha.update_stats(self.sp.stats)
+        # --enable-mixed-chunk: SP rows ride along prefill chunks (sp_mixed); SGLang's own
+        # mixing, which would merge its running batch, stays off
+        self.sp_mixed_chunk = bool(self.is_mixed_chunk)
+        self.is_mixed_chunk = False
         # Stock abort handling scans running_mbs and mbs for in-flight requests.
         self.running_mbs = [self.sp.running] * self.pp_loop_size
         self.sp_last_log = time.monotonic()

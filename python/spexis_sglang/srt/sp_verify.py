@@ -34,16 +34,37 @@ class SPVerifyMixin:
 
     def sp_process_result(self: SpexisScheduler, batch: ScheduleBatch, outputs: TransitOutputs):
         """A returned batch's results: a prefill's as SGLang processes them (its requests then
-        start decoding under SP); a decode batch's verdicts, committed tokens and finishes."""
+        start decoding under SP); a decode batch's verdicts, committed tokens and finishes; a
+        mixed batch's, both."""
         record = self.sp.record(batch)
-        if not record.decode:
+        if not record.has_rows:
             self.process_batch_result(batch, outputs.batch_result)
             self.sp_admit_prefilled(batch)
             return
-        sp = self.sp
-        rows: Rows = record.rows
         true_ids, drafts = outputs.read()
         result = outputs.batch_result
+        if record.mixed:
+            # the prefill's tokens come first (sp_mixed), its result record holds only them
+            self.process_batch_result(record.prefill, result)
+            self.sp_admit_prefilled(record.prefill)
+            p = record.rows_offset
+            batch, result = record.rows_batch, None
+            true_ids, drafts = true_ids[p:], drafts[p:]
+        self._sp_commit_rows(batch, record, true_ids, drafts, result)
+
+    def _sp_commit_rows(
+        self: SpexisScheduler,
+        batch: ScheduleBatch,
+        record,
+        true_ids: np.ndarray,
+        drafts: np.ndarray,
+        result,
+    ) -> None:
+        """A batch of SP rows: verdicts (``SlotState.on_result``), committed tokens, finishes
+        and streaming. ``batch.reqs`` holds each row's request, ``result`` SGLang's result
+        record where the rows return more than tokens."""
+        sp = self.sp
+        rows: Rows = record.rows
         forced = sp.forced
         if forced is not None:
             # Benchmark-only: pretend the target agreed with the draft w.p. theta (timed
@@ -159,14 +180,15 @@ class SPVerifyMixin:
             )
             # the device may redo the request's rows only if nothing the host prepares for a
             # row depends on its position or input (tokens only, no penalizer or logit
-            # processor reading the output so far)
-            sp.patchable[slot] = (
-                self.sp_redo_rows
-                and sp.plain[slot]
+            # processor reading the output so far); the same decides whether its rows may
+            # ride along a prefill chunk (sp_mixed)
+            sp.mixable[slot] = (
+                sp.plain[slot]
                 and not needs_penalizer(req.sampling_params)
                 and getattr(req, "custom_logit_processor", None) is None
                 and not getattr(req, "return_sampling_mask", False)
             )
+            sp.patchable[slot] = self.sp_redo_rows and sp.mixable[slot]
             sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
                 sp.sampling.admit(slot, req)
