@@ -8,7 +8,8 @@ concerns live in mixins, each typed ``self: SpexisScheduler`` as SGLang's own mi
 ==================  ===============================================================
 ``sp_setup``        the loop's state record and stage 0's helpers, built once
 ``sp_loop``         the loop as named steps: schedule, collect, launch, send, verify
-``sp_batch``        a decode batch: rows, selection, KV memory, alternatives
+``sp_batch``        a decode batch: rows, selection, alternatives, the ScheduleBatch
+``sp_memory``       the rows' KV memory: new slots, fitting to memory, retraction
 ``sp_mixed``        SP rows riding along a prefill chunk (``--enable-mixed-chunk``)
 ``sp_drafts``       stage 0's drafts on the device and the host
 ``sp_verify``       returned results: verdicts, committed tokens, releases, KV freed
@@ -83,6 +84,7 @@ from spexis_sglang.srt.sp_drafts import SPDraftsMixin
 from spexis_sglang.srt.sp_forced import force_accept_param_error
 from spexis_sglang.srt.sp_length_oracle import LENGTH_ORACLE_LABEL
 from spexis_sglang.srt.sp_loop import SPLoopMixin
+from spexis_sglang.srt.sp_memory import SPMemoryMixin
 from spexis_sglang.srt.sp_mixed import SPMixedMixin
 from spexis_sglang.srt.sp_observe import SPObserveMixin
 from spexis_sglang.srt.sp_records import SPLoopState
@@ -98,6 +100,7 @@ __all__ = ["FORCE_ACCEPT_PARAM", "FORCED_LABEL", "SpexisScheduler"]
 class SpexisScheduler(
     SPLoopMixin,
     SPBatchMixin,
+    SPMemoryMixin,
     SPMixedMixin,
     SPDraftsMixin,
     SPVerifyMixin,
