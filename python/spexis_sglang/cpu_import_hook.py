@@ -21,7 +21,10 @@ from __future__ import annotations
 import os
 import sys
 
+# copies of srt.config's ENV_NO_AUTO_CPU_SUPPORT and ENV_CPU_SUPPORT (this module runs at every
+# interpreter start and imports nothing of the package)
 DISABLE_ENV = "SPEXIS_NO_AUTO_CPU_SUPPORT"
+ACTIVE_ENV = "SPEXIS_CPU_SUPPORT"
 #: the line of ``spexis_sglang_cpu.pth`` (site runs a ``.pth`` line that starts with
 #: ``import``); it never fails the interpreter's start, whatever happened to the package
 PTH_LINE = (
@@ -40,7 +43,7 @@ class FirstSGLangImport:
             sys.meta_path.remove(self)  # one shot; the imports below must not come back here
         except ValueError:
             pass
-        if os.environ.get("SPEXIS_CPU_SUPPORT") != "1" and os.environ.get(DISABLE_ENV) != "1":
+        if os.environ.get(ACTIVE_ENV) != "1" and os.environ.get(DISABLE_ENV) != "1":
             try:
                 from spexis_sglang.cpu_support import activate
 

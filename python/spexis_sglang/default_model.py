@@ -38,6 +38,8 @@ import shutil
 import sys
 import time
 
+from spexis_sglang.srt.config import ENV_CACHE_DIR
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -63,8 +65,8 @@ class SpecialTokenMismatch(RuntimeError):
 
 def cache_root() -> str:
     """``$SPEXIS_CACHE_DIR``, else ``$XDG_CACHE_HOME/spexis``, else ``~/.cache/spexis``."""
-    if os.environ.get("SPEXIS_CACHE_DIR"):
-        return os.environ["SPEXIS_CACHE_DIR"]
+    if os.environ.get(ENV_CACHE_DIR):
+        return os.environ[ENV_CACHE_DIR]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "spexis")
 

@@ -21,6 +21,8 @@ from typing import Dict, List, Optional
 
 import requests
 
+from spexis_sglang.srt.config import ENV_TEST_SERVER_ARGS
+
 # HTTP ports are picked below Linux's ephemeral range (32768+): while a server loads, SGLang's
 # processes bind ephemeral ports of their own (NCCL / gloo, port 0), and a port picked there can
 # be taken by the time uvicorn binds it (seen in CI: Errno 98, then a 600 s wait).
@@ -144,7 +146,7 @@ class ServerProcess:
         behind); the starting thread must live as long as the server."""
         # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
         # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
-        self.args = list(args) + shlex.split(os.environ.get("SPEXIS_TEST_SERVER_ARGS", ""))
+        self.args = list(args) + shlex.split(os.environ.get(ENV_TEST_SERVER_ARGS, ""))
         self._fixed_port, self._fixed_log = port, log_path
         self._env, self._module = env, module
         self._new_session = new_session

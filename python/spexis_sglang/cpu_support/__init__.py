@@ -31,6 +31,10 @@ import sys
 
 logger = logging.getLogger(__name__)
 
+# srt.config's ENV_CPU_SUPPORT (this module runs before numpy or torch may be imported: it
+# sets their thread counts; tests/test_env_names.py checks the copy)
+ENV_CPU_SUPPORT = "SPEXIS_CPU_SUPPORT"
+
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
 _PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -103,7 +107,7 @@ def single_threaded_torch() -> None:
 
 def install_startup_hooks() -> None:
     """Hooks that must run before SGLang, transformers or torchvision are imported."""
-    if os.environ.get("SPEXIS_CPU_SUPPORT") != "1":
+    if os.environ.get(ENV_CPU_SUPPORT) != "1":
         return
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
@@ -128,7 +132,7 @@ def activate() -> bool:
     """Enable CPU support for this process and its children. Returns False on a GPU machine."""
     if cuda_available():
         return False
-    os.environ["SPEXIS_CPU_SUPPORT"] = "1"
+    os.environ[ENV_CPU_SUPPORT] = "1"
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     for p in (_PYTHON_DIR, SHIM_DIR):
         if p not in paths:

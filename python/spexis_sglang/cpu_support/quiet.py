@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 REGISTRY_MODULE = "sglang.srt.models.registry"
 SKIP_PREFIX = "Ignore import error when loading sglang.srt.models."
+# copies of srt.config's ENV_SHOW_SKIPPED_MODELS and ENV_SHOW_ALL_STARTUP_LINES (this module is
+# installed before numpy or torch may be imported; tests/test_env_names.py checks them)
 SHOW_ENV = "SPEXIS_SHOW_SKIPPED_MODELS"
 
 # Import-time warnings about CUDA-only features, printed once per process (regexes of

@@ -50,6 +50,23 @@ ENV_PP_TRANSPORT = "SPEXIS_PP_TRANSPORT"
 #: per rank every few seconds and under /server_info (stats.GpuForwardTimer)
 ENV_GPU_TIMERS = "SPEXIS_GPU_TIMERS"
 
+# Set-up and the CPU environment:
+#: where the converted default model is cached (default: $XDG_CACHE_HOME/spexis, ~/.cache/spexis)
+ENV_CACHE_DIR = "SPEXIS_CACHE_DIR"
+#: "1" in a process whose CPU support is active (cpu_support.activate; children inherit it)
+ENV_CPU_SUPPORT = "SPEXIS_CPU_SUPPORT"
+#: "1": no automatic CPU support when a GPU-less process imports sglang. The start-up modules
+#: (cpu_import_hook, cpu_support and its quiet module) keep copies of their names: they run
+#: before numpy or torch may be imported, so they import nothing of the package
+#: (tests/test_env_names.py checks the copies)
+ENV_NO_AUTO_CPU_SUPPORT = "SPEXIS_NO_AUTO_CPU_SUPPORT"
+#: "1": show each model class SGLang could not import on a CPU (cpu_support.quiet)
+ENV_SHOW_SKIPPED_MODELS = "SPEXIS_SHOW_SKIPPED_MODELS"
+#: "1": keep every start-up line a CPU server prints (cpu_support.quiet)
+ENV_SHOW_ALL_STARTUP_LINES = "SPEXIS_SHOW_ALL_STARTUP_LINES"
+#: extra arguments appended to every test server's command line (testing.ServerProcess)
+ENV_TEST_SERVER_ARGS = "SPEXIS_TEST_SERVER_ARGS"
+
 
 def env_flag(name: str) -> bool:
     """A developer switch from the environment ("1" = on)."""
