@@ -150,6 +150,12 @@ sed -i -E '/^(\.\.\/)+(bin|share)\//d' "$SITE"/*.dist-info/RECORD
 # RECORD line. Keep every other RECORD whole: tvm-ffi finds xgrammar's library through it.
 rm -f "$SITE"/zstandard/_cffi.*.so
 sed -i -E '/^zstandard\/_cffi\./d' "$SITE"/zstandard-*.dist-info/RECORD
+# sglang's diffusion server (sglang.multimodal_gen, 27 MB: nothing under sglang.srt imports it)
+# and the C sources of tvm-ffi's bundled libbacktrace (its built library stays), with their
+# RECORD lines: the tarball and the repository must fit one device call's 64 MiB together.
+rm -rf "$SITE/sglang/multimodal_gen" "$SITE/tvm_ffi/3rdparty/libbacktrace"
+sed -i -E '/^sglang\/multimodal_gen\//d' "$SITE"/sglang-*.dist-info/RECORD
+sed -i -E '/^tvm_ffi\/3rdparty\/libbacktrace\//d' "$SITE"/*tvm_ffi*.dist-info/RECORD
 find "$SITE" -name __pycache__ -type d -prune -exec rm -rf {} +
 "$VPY" - "$SITE" "$WORK/pins.txt" <<'PY'
 import email.parser, pathlib, sys
