@@ -34,3 +34,37 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if os.path.dirname(str(item.path)) != e2e:
             item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), e2e + "/..")))
+
+
+# ----------------------------------------------------------------------------- server launches
+# test file -> server processes started while its tests ran (tests/e2e/conftest.py counts them
+# into config.spexis_launches); under pytest-xdist each worker hands its counts to the
+# controller, which prints the summary
+
+
+def pytest_configure(config):
+    config.spexis_launches = {}
+
+
+def add_launches(config, counts: dict) -> None:
+    for name, n in counts.items():
+        config.spexis_launches[name] = config.spexis_launches.get(name, 0) + n
+
+
+def pytest_sessionfinish(session, exitstatus):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker
+        workeroutput["spexis_launches"] = dict(session.config.spexis_launches)
+
+
+def pytest_testnodedown(node, error):
+    """(pytest-xdist, on the controller) a worker's launch counts."""
+    add_launches(node.config, getattr(node, "workeroutput", {}).get("spexis_launches", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    launches = terminalreporter.config.spexis_launches
+    if launches:
+        terminalreporter.write_sep("-", f"{sum(launches.values())} server launches")
+        for name, n in sorted(launches.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{n:3d}  {name}")

@@ -107,6 +107,7 @@ def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> Serve
 # two shared servers (each worker starts its own), the tiny model's files are all in the second.
 # Unit tests are spread over both workers.
 E2E_GROUP_A = {
+    "test_bench_serving.py",
     "test_sp_admission.py",
     "test_sp_penalties.py",
     "test_sp_alpha_auto.py",
@@ -206,25 +207,17 @@ def get_server(
     return server
 
 
-# test file -> server processes started while its tests ran (set-up included)
-_launches_by_file: Dict[str, int] = {}
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    """Count the server processes each test file starts (set-up included); the summary is
+    printed by tests/conftest.py."""
     before = len(ServerProcess.launches)
     yield
     started = len(ServerProcess.launches) - before
     if started:
+        launches = item.config.spexis_launches
         name = item.nodeid.split("::")[0]
-        _launches_by_file[name] = _launches_by_file.get(name, 0) + started
-
-
-def pytest_terminal_summary(terminalreporter):
-    if _launches_by_file:
-        terminalreporter.write_sep("-", f"{sum(_launches_by_file.values())} server launches")
-        for name, n in _launches_by_file.items():
-            terminalreporter.write_line(f"{n:3d}  {name}")
+        launches[name] = launches.get(name, 0) + started
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -62,20 +62,35 @@ def servers(server_factory, trained_head):  # noqa: F811
     )
 
 
-@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
-def test_greedy_with_penalty_equals_plain_sglang(servers, model_dir, params):
+def test_greedy_with_penalties_equals_plain_sglang(servers, model_dir):
+    """Each penalty on the same prompts, all in one batch (float64: a request's output does not
+    depend on the batch it shares)."""
     baseline_server, sp_server = servers
     prompts = lossless_prompts(model_dir, 8)
-    expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    batch = [p for _ in PENALTIES for p in prompts]
+    sampling = [
+        {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True, **params}
+        for params in PENALTIES
+        for _ in prompts
+    ]
+
+    def run(server) -> List[List[int]]:
+        out = server.generate({"input_ids": batch, "sampling_params": sampling})
+        return [o["output_ids"] for o in out]
+
+    expected = run(baseline_server)
     unpenalized = baseline_server.greedy_ids(prompts, NEW_TOKENS)
     before = spexis_stats(sp_server)
-    got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
+    got = run(sp_server)
     after = spexis_stats(sp_server)
-    cmp = compare_outputs(model_dir, prompts, expected, got)
-    print(f"{params}: SP PP=2 vs plain PP=1:", cmp.summary())
+    cmp = compare_outputs(model_dir, batch, expected, got)
+    print("penalties: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
-    # the penalty changes the output (so SP applied it), and SP speculated meanwhile
-    assert sum(a != b for a, b in zip(expected, unpenalized)) >= 2
+    # each penalty changes the output (so SP applied it), and SP speculated meanwhile
+    n = len(prompts)
+    for k, params in enumerate(PENALTIES):
+        penalized = expected[k * n : (k + 1) * n]
+        assert sum(a != b for a, b in zip(penalized, unpenalized)) >= 2, params
     assert after["rows_spec"] > before["rows_spec"] and after["rejected"] > before["rejected"]
 
 
