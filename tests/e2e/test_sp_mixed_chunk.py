@@ -3,9 +3,9 @@
 A small chunk (``--chunked-prefill-size 32``) against prompts of 30-40 tokens makes SGLang
 admit about one prompt per chunk, so most prefill chunks find requests decoding: under SP
 their rows (normal and speculative, on drafts a later verdict may reject) ride along the
-chunk in one ``MIXED`` forward. Greedy outputs equal plain SGLang's, with and without mixed
-chunks (float64, so the extend and decode kernels agree to the token), and the counters show
-that rows did ride along.
+chunk in one ``MIXED`` forward, here with paged KV (``--page-size 4``). Greedy outputs equal
+plain SGLang's, with and without mixed chunks (float64, so the extend and decode kernels agree
+to the token), and the counters show that rows did ride along.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ def test_greedy_mixed_chunk_equals_plain_sglang(
     # so far (no overlap scheduler under PP)
     plain_pp2_mixed = server_factory([*model, "--pp-size", "2", *MIXED], keep=False)
     plain_mixed = plain_pp2_mixed.greedy_ids(tiny_prompts, NEW_TOKENS)
-    # (the later --chunked-prefill-size wins over sp_args' own)
+    # (the later --chunked-prefill-size wins over sp_args' own; paged KV: a row riding along
+    # takes its slot by SGLang's paged rule, the prefill beside it by its own)
     sp_server = server_factory(
-        [*model, *sp_args(2, "random:0", "--spexis-alpha", "0.25", *MIXED)], keep=False
+        [*model, *sp_args(2, "random:0", "--spexis-alpha", "0.25", *MIXED, "--page-size", "4")],
+        keep=False,
     )
     before = spexis_stats(sp_server)
     got = sp_server.greedy_ids(tiny_prompts, NEW_TOKENS)
