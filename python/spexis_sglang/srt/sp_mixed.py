@@ -29,7 +29,6 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Optional
 
-import numpy as np
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
@@ -146,9 +145,3 @@ class SPMixedMixin:
     def sp_mixed_prefill_outputs(self: SpexisScheduler, tensors: dict, n_prefill: int) -> dict:
         """The prefill's part of a mixed batch's output dict (its first tokens)."""
         return {"next_token_ids": tensors["next_token_ids"][:n_prefill]}
-
-    def sp_mixed_row_index(self: SpexisScheduler, batch: ScheduleBatch) -> np.ndarray:
-        """Where the rows' results sit in a mixed batch's outputs."""
-        record = self.sp.record(batch)
-        p = len(record.prefill.reqs)
-        return np.arange(p, p + len(record.rows), dtype=np.int64)
