@@ -21,7 +21,7 @@ from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.sp_emit import emit_batch
 from spexis_sglang.srt.sp_logprobs import DecodeLogprobs
 from spexis_sglang.srt.sp_penalties import needs_penalizer
-from spexis_sglang.srt.sp_records import TransitOutputs
+from spexis_sglang.srt.sp_records import SPBatch, TransitOutputs
 
 if TYPE_CHECKING:
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
@@ -55,7 +55,7 @@ class SPVerifyMixin:
     def _sp_commit_rows(
         self: SpexisScheduler,
         batch: ScheduleBatch,
-        record,
+        record: SPBatch,
         true_ids: np.ndarray,
         drafts: np.ndarray,
         result,
