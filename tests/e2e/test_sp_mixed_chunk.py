@@ -3,7 +3,8 @@
 A small chunk (``--chunked-prefill-size 32``) against prompts of 30-40 tokens makes SGLang
 admit about one prompt per chunk, so most prefill chunks find requests decoding: under SP
 their rows (normal and speculative, on drafts a later verdict may reject) ride along the
-chunk in one ``MIXED`` forward, here with paged KV (``--page-size 4``). Greedy outputs equal
+chunk in one ``MIXED`` forward, here with paged KV (``--page-size 4``) in a pool too small for
+all of them (requests are retracted and resumed). Greedy outputs equal
 plain SGLang's, with and without mixed chunks (float64, so the extend and decode kernels agree
 to the token), and the counters show that rows did ride along.
 """
@@ -19,6 +20,8 @@ pytestmark = pytest.mark.e2e
 
 NEW_TOKENS = 24
 MIXED = ["--enable-mixed-chunk", "--chunked-prefill-size", "32"]
+# paged KV, and a pool the 16 requests outgrow: requests are retracted and resumed
+PAGED_SMALL_KV = ["--page-size", "4", "--max-total-tokens", "600"]
 
 
 def test_greedy_mixed_chunk_equals_plain_sglang(
@@ -31,9 +34,10 @@ def test_greedy_mixed_chunk_equals_plain_sglang(
     plain_pp2_mixed = server_factory([*model, "--pp-size", "2", *MIXED], keep=False)
     plain_mixed = plain_pp2_mixed.greedy_ids(tiny_prompts, NEW_TOKENS)
     # (the later --chunked-prefill-size wins over sp_args' own; paged KV: a row riding along
-    # takes its slot by SGLang's paged rule, the prefill beside it by its own)
+    # takes its slot by SGLang's paged rule, the prefill beside it by its own; the small pool
+    # retracts requests, the references never do)
     sp_server = server_factory(
-        [*model, *sp_args(2, "random:0", "--spexis-alpha", "0.25", *MIXED, "--page-size", "4")],
+        [*model, *sp_args(2, "random:0", "--spexis-alpha", "0.25", *MIXED, *PAGED_SMALL_KV)],
         keep=False,
     )
     before = spexis_stats(sp_server)
@@ -51,7 +55,9 @@ def test_greedy_mixed_chunk_equals_plain_sglang(
     assert grew["rows_spec"] > 0 and grew["rows_stale"] > 0, grew
 
     # Requests whose rows need more than tokens (here a penalizer reading the output so far)
-    # keep every chunk unmixed, and are still served exactly.
+    # keep every chunk unmixed, and are still served exactly: a retracted request resumes
+    # with its penalties counting the output it had (stock SGLang's prefill would start them
+    # from zero, and a retraction would change its output).
     penalty = {"frequency_penalty": 0.5}
     expected = plain_pp2_mixed.greedy_ids(tiny_prompts, NEW_TOKENS, **penalty)
     before = spexis_stats(sp_server)
@@ -61,3 +67,5 @@ def test_greedy_mixed_chunk_equals_plain_sglang(
     print("tiny model, SP vs plain PP=2, mixed chunks, frequency penalty:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
     assert after["mixed_iterations"] == before["mixed_iterations"], (before, after)
+    # 16 requests of ~35 + 24 tokens in a 600-token pool: some were retracted and resumed
+    assert after["retractions"] > 0, after

@@ -76,7 +76,9 @@ class SPBatchMixin:
         sp.admit_reservation = None
         if prefill is not None:
             # the running requests' rows ride along where they can (sp_mixed)
-            return self.sp_mix(prefill, plan_in, plan_out), plan_out
+            batch = self.sp_mix(prefill, plan_in, plan_out)
+            self.sp_set_prefill_penalties(batch, prefill.reqs)
+            return batch, plan_out
         record = sp.record(transit)
         pipelined = record is not None and record.decode
         batch = self.sp_build_decode_batch(plan_in, plan_out, transit if pipelined else None)
@@ -266,6 +268,25 @@ class SPBatchMixin:
                 batch.reqs, record.rows.slot.tolist(), record.rows.position.tolist()
             )
         ]
+        set_penalizer_state(orchestrator, prefixes)
+
+    def sp_set_prefill_penalties(self: SpexisScheduler, batch: ScheduleBatch, prefill_reqs) -> None:
+        """A request resumed after a retraction samples its next token in a prefill, whose
+        penalizers SGLang prepares empty (it counts the output of its running batch only):
+        the tokens the request generated before the retraction would go unpenalized, and
+        ``min_new_tokens`` would count from zero again. On the sampling rank such a request's
+        state is set from its output so far (the prefill's requests come first in ``batch``;
+        the rows riding along a mixed batch use no penalizer)."""
+        if self.sp.sampling is None or not any(r.output_ids for r in prefill_reqs):
+            return
+        info = batch.sampling_info
+        orchestrator = info.penalizer_orchestrator if info is not None else None
+        if orchestrator is None or not orchestrator.is_required:
+            return
+        prefixes = [
+            list(r.output_ids) if needs_penalizer(r.sampling_params) else None for r in prefill_reqs
+        ]
+        prefixes += [None] * (len(batch.reqs) - len(prefill_reqs))
         set_penalizer_state(orchestrator, prefixes)
 
     def sp_apply_selection(
