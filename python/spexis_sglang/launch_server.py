@@ -169,7 +169,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         default="0",
         metavar="ALPHA|auto",
         help="Selective speculation: fraction of drafts with the lowest confidence dropped "
-        "each iteration, in [0, 1), or 'auto': stage 0 measures acceptance by confidence rank "
+        "each iteration, in [0, 1] (1: stock PP's schedule, each request one row every "
+        "pp-size iterations, on the draft of its row in transit, which the device redoes "
+        "where that draft is rejected), or 'auto': stage 0 measures acceptance by confidence rank "
         "and iteration time against rows while serving, and re-chooses alpha with the cost "
         "model every --spexis-alpha-interval iterations, up to 1 where a stage's time grows "
         "in proportion to its rows and speculation cannot pay (every draft dropped: SP runs "
@@ -505,7 +507,7 @@ def resolve_length_oracle(spec: str, server_args) -> dict:
 
 
 def parse_alpha(value: str) -> Tuple[float, bool]:
-    """``--spexis-alpha``: ``(alpha, auto)``; a number in [0, 1) or ``auto``."""
+    """``--spexis-alpha``: ``(alpha, auto)``; a number in [0, 1] or ``auto``."""
     text = str(value).strip()
     if text.lower() == "auto":
         return 0.0, True
@@ -513,8 +515,8 @@ def parse_alpha(value: str) -> Tuple[float, bool]:
         alpha = float(text)
     except ValueError:
         alpha = float("nan")
-    if not 0.0 <= alpha < 1.0:  # NaN fails too
-        raise LaunchError(f"--spexis-alpha must be a number in [0, 1) or 'auto', got {value!r}")
+    if not 0.0 <= alpha <= 1.0:  # NaN fails too
+        raise LaunchError(f"--spexis-alpha must be a number in [0, 1] or 'auto', got {value!r}")
     return alpha, False
 
 

@@ -141,6 +141,26 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
         assert f.read().count(RELAY_LOG_LINE) == pp
 
 
+def test_greedy_tiny_model_alpha_one_equals_plain(server_factory, tiny_model_dir, tiny_prompts):
+    """``--spexis-alpha 1`` (stock PP's schedule): stage 0 keeps only the rows the device
+    would redo and holds the other drafts; the held slots reach the later stages in the plan,
+    through a middle stage (PP=3)."""
+    baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
+    sp_server = server_factory(
+        ["--model-path", tiny_model_dir, *sp_args(3, "random:0", "--spexis-alpha", "1")],
+        keep=False,
+    )
+    expected = baseline.greedy_ids(tiny_prompts, 48)
+    got = sp_server.greedy_ids(tiny_prompts, 48)
+    cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
+    print("tiny model, PP=3 SP alpha 1 vs PP=1 plain:", cmp.summary())
+    assert cmp.all_identical, cmp.summary()
+    stats = spexis_stats(sp_server)
+    print({k: stats[k] for k in ("rows_normal", "rows_spec", "rows_redone", "rows_stale")})
+    # the rows kept rode on drafts the transit batch then judged (redone where rejected)
+    assert stats["rows_spec"] > 0 and stats["rows_redone"] > 0 and stats["drafts_dropped"] == 0
+
+
 def chi2_sf(x: float, dof: int) -> float:
     """Survival function of the chi-square distribution (regularised upper gamma, series)."""
     a, z = dof / 2.0, x / 2.0

@@ -22,16 +22,16 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             ["--pp-size", "2", "--spexis-draft-head", "/nonexistent/head"],
             "no such artifact directory",
         ),
-        (["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "1.5"], "[0, 1)"),
+        (["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "1.5"], "[0, 1]"),
         (["--pp-size", "2", "--spexis-alpha", "0.2"], "needs --spexis-draft-head"),
         (["--pp-size", "2", "--spexis-alpha", "auto"], "needs --spexis-draft-head"),
         (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "often"],
-            "--spexis-alpha must be a number in [0, 1) or 'auto', got 'often'",
+            "--spexis-alpha must be a number in [0, 1] or 'auto', got 'often'",
         ),
         (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "nan"],
-            "--spexis-alpha must be a number in [0, 1) or 'auto'",
+            "--spexis-alpha must be a number in [0, 1] or 'auto'",
         ),
         (
             ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-alpha", "0.2"]

@@ -70,7 +70,7 @@ class Pipeline:
         spec = rows.is_spec
         cand_bins = rank_bins(st.candidate_confidence(rows.slot[spec])) if spec.any() else []
         bin_of = dict(zip(rows.slot[spec].tolist(), np.asarray(cand_bins).tolist()))
-        rows, dropped = ctrl.select(st, rows, len(self.running))
+        rows, dropped, _ = ctrl.select(st, rows, len(self.running))
         self.dropped.append(dropped.tolist())
         observed = ctrl._observed
         st.on_launch(rows)

@@ -593,6 +593,37 @@ def test_selective_speculation_drops_and_stays_lossless(stages: int) -> None:
     assert relayed == st.drafts_dropped
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_alpha_one_gives_each_request_a_row_every_n_iterations(stages: int) -> None:
+    """At alpha 1 SP runs what stock PP runs: each request one row every N loop iterations.
+    The row built on the draft of the request's row in transit stays (the device redoes it
+    where the draft is rejected, so it is never wasted), and a draft whose row is not in
+    transit yet is held rather than declined; declined, its request would have nothing to
+    launch when that row reached transit, and would wait N + 1 iterations instead."""
+    sched = ContractScheduler(stages, theta=0.6, alpha=1.0)
+    rows_per_iteration: List[int] = []
+    step = sched.sp_iteration
+
+    def counted(mb_id: int) -> bool:
+        before = sched.sp.stats.rows
+        launched = step(mb_id)
+        rows_per_iteration.append(sched.sp.stats.rows - before)
+        return launched
+
+    sched.sp_iteration = counted
+    # eight requests in step with each other, all decoding for 30+ tokens
+    plan = [Arrival(f"r{i}", list(range(1 + i, 9 + i)), 40, 0) for i in range(8)]
+    run = drive(sched, plan)
+    check_contract(run, exact_rows=False)
+    first = next(i for i, n in enumerate(rows_per_iteration) if n)
+    # four periods of N iterations while all eight run: 4 x 8 rows (declined drafts gave a
+    # row every N + 1 iterations: 3 x 8 in this window)
+    window = rows_per_iteration[first : first + 4 * stages]
+    assert sum(window) == 4 * 8, rows_per_iteration[: first + 4 * stages]
+    st = sched.sp.stats
+    assert st.rows_spec > 0 and st.rows_redone > 0  # the kept rows rode on drafts
+
+
 def test_a_full_kv_pool_retracts_and_the_outputs_stay_the_targets() -> None:
     # room for the prompts, little for their growth: speculation gives way, then requests
     # are retracted and prefilled again later

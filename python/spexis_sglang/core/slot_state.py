@@ -553,6 +553,45 @@ class SlotState:
             kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)
         return kept, dropped
 
+    def select_pp(
+        self, rows: Rows, patchable: np.ndarray, pipelined: bool
+    ) -> tuple[Rows, np.ndarray, np.ndarray]:
+        """Selection at alpha 1 (no speculation that can be wasted): what stock PP runs.
+
+        A speculative row the device would redo where the transit batch rejects its draft
+        (its request's row is in the oldest batch in flight, ``pipelined``, and the slot is
+        ``patchable``: :meth:`conditional_alternatives`) is never wasted, so it stays: it is
+        the request's next row, N iterations after the last, as in a stock PP micro-batch.
+        Any other speculative row of a patchable slot is *held*: left out of this batch with
+        its draft kept pending, to run once its request's row reaches the oldest batch (a
+        declined draft would leave the request nothing to launch then, and its next row would
+        wait for verification: one iteration in N + 1 idle). Slots that cannot be redone
+        drop their drafts as :meth:`select` does. Returns the kept rows, the dropped slots
+        and the held slots (the later stages remove both: :meth:`drop` the first)."""
+        empty = np.empty(0, dtype=np.int64)
+        cand = np.flatnonzero(rows.is_spec)
+        if cand.size == 0:
+            return rows, empty, empty
+        cs = self._active(rows.slot[cand])
+        patch = patchable[cs].astype(bool)
+        redoable = np.zeros(cs.shape[0], dtype=bool)
+        if pipelined:
+            redoable = patch & self._in_head(cs) & (rows.epoch[cand] == self._epoch[cs])
+        held, dropped = cs[patch & ~redoable], cs[~patch]
+        if held.size == 0 and dropped.size == 0:
+            return rows, empty, empty
+        planned = rows.plan == self._version
+        if dropped.size:
+            self._version += 1
+            self._has_pending[dropped] = False
+            self.stats.drafts_dropped += int(dropped.size)
+        keep = np.ones(len(rows), dtype=bool)
+        keep[cand[~redoable]] = False
+        kept = rows.take(keep)
+        if planned and dropped.size:  # the kept rows are untouched by the drops
+            kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)
+        return kept, dropped, held
+
     # ------------------------------------------------------------------ events
     def conditional_alternatives(
         self, rows: Rows, patchable: np.ndarray | None = None

@@ -75,12 +75,15 @@ class SpexisPlan:
     #: selective speculation: request slots (``req_pool_idx``, mirrored on every rank) whose
     #: pending draft stage 0 dropped this iteration
     dropped: List[int] = field(default_factory=list)
+    #: alpha 1: request slots whose speculative row stage 0 left out of this iteration's batch
+    #: with its draft kept for a later one (``SlotState.select_pp``)
+    held: List[int] = field(default_factory=list)
     #: look-ahead admission: admit at most this many waiting requests now (None = no limit)
     admit_cap: Optional[int] = None
 
     def is_empty(self) -> bool:
         """Nothing decided: the later stages act on it exactly as on no plan at all."""
-        return not self.dropped and self.admit_cap is None
+        return not self.dropped and not self.held and self.admit_cap is None
 
 
 def relay_payload(recv_reqs: Optional[list], plan: SpexisPlan) -> list:

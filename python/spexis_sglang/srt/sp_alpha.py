@@ -138,8 +138,17 @@ class AlphaController:
         """The drop ratio in force (explore iterations aside)."""
         return self.online.alpha if self.auto else self.fixed
 
-    def select(self, slots: SlotState, rows: Rows, running: int) -> Tuple[Rows, np.ndarray]:
-        """``SlotState.select`` at this iteration's alpha, recording the candidates' ranks."""
+    def select(
+        self,
+        slots: SlotState,
+        rows: Rows,
+        running: int,
+        patchable: Optional[np.ndarray] = None,
+        pipelined: bool = False,
+    ) -> Tuple[Rows, np.ndarray, np.ndarray]:
+        """``SlotState.select`` at this iteration's alpha, recording the candidates' ranks.
+        Returns the kept rows, the slots whose drafts were dropped and those whose drafts are
+        held for a later batch (alpha 1 with ``patchable`` given: ``SlotState.select_pp``)."""
         a = self.online.next_iteration(running)
         self.iteration_alpha = a if self.auto else self.fixed
         k = self.observe_every
@@ -155,7 +164,10 @@ class AlphaController:
         if self._observed and spec.any():
             cs = rows.slot[spec]
             self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
-        return slots.select(rows, self.iteration_alpha)
+        if self.iteration_alpha >= 1.0 and patchable is not None:
+            return slots.select_pp(rows, patchable, pipelined)
+        kept, dropped = slots.select(rows, self.iteration_alpha)
+        return kept, dropped, np.empty(0, dtype=np.int64)
 
     def needs_confidences(self) -> bool:
         """The next :meth:`select` drops drafts by their confidences: the SP loop must wait

@@ -111,7 +111,7 @@ class SPBatchMixin:
             return None
         patchable = sp.patchable if transit is not None else None
         rows = sp.slots.next_rows(self._sp_running_slots(), patchable)
-        rows = self.sp_apply_selection(rows, plan_in, plan_out)
+        rows = self.sp_apply_selection(rows, plan_in, plan_out, pipelined=transit is not None)
         retractions = sp.stats.retractions
         rows = self.sp_fit_memory(rows)
         ratio = self.new_token_ratio_tracker
@@ -290,20 +290,31 @@ class SPBatchMixin:
         set_penalizer_state(orchestrator, prefixes)
 
     def sp_apply_selection(
-        self: SpexisScheduler, rows: Rows, plan_in: Optional[SpexisPlan], plan_out: SpexisPlan
+        self: SpexisScheduler,
+        rows: Rows,
+        plan_in: Optional[SpexisPlan],
+        plan_out: SpexisPlan,
+        pipelined: bool = False,
     ) -> Rows:
-        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1); the
-        later stages drop the same ones."""
+        """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1); at
+        alpha 1 it keeps the rows the device would redo and holds the other drafts for a
+        later batch (``SlotState.select_pp``). The later stages do the same to the same slots.
+        ``pipelined``: a decode batch's results reach the device before this batch runs."""
         sp = self.sp
         if sp.rank0:
             running = self._sp_running_slots().shape[0]
-            rows, dropped = sp.alpha.select(sp.slots, rows, running)
+            rows, dropped, held = sp.alpha.select(sp.slots, rows, running, sp.patchable, pipelined)
             sp.alpha.update_stats(sp.stats)
         else:
             dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
+            held = np.asarray(plan_in.held if plan_in is not None else [], dtype=np.int64)
             if dropped.size:
                 sp.slots.drop(dropped, selective=True)
                 rows = rows.without(dropped)
+            if held.size:
+                rows = rows.without(held)
         if dropped.size:  # (SlotState counts them in stats.drafts_dropped)
             plan_out.dropped = dropped.tolist()
+        if held.size:
+            plan_out.held = held.tolist()
         return rows
