@@ -171,7 +171,7 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Selective speculation: fraction of drafts with the lowest confidence dropped "
         "each iteration, in [0, 1] (1: stock PP's schedule, each request one row every "
         "pp-size iterations, on the draft of its row in transit, which the device redoes "
-        "where that draft is rejected), or 'auto': stage 0 measures acceptance by confidence rank "
+        "where that draft is rejected, in pp-size micro-batches), or 'auto': stage 0 measures acceptance by confidence rank "
         "and iteration time against rows while serving, and re-chooses alpha with the cost "
         "model every --spexis-alpha-interval iterations, up to 1 where a stage's time grows "
         "in proportion to its rows and speculation cannot pay (every draft dropped: SP runs "

@@ -108,6 +108,16 @@ def test_effective_batch_matches_eq2(server_factory, model_dir, trained_head):
     assert measured == pytest.approx(predicted, rel=0.05)
 
 
+def assert_greedy_equal(model_dir: str, baseline, sp_server, prompts, new_tokens: int, label: str):
+    """``sp_server``'s greedy outputs equal ``baseline``'s; returns the SP server's counters."""
+    expected = baseline.greedy_ids(prompts, new_tokens)
+    got = sp_server.greedy_ids(prompts, new_tokens)
+    cmp = compare_outputs(model_dir, prompts, expected, got)
+    print(f"{label}:", cmp.summary())
+    assert cmp.all_identical, cmp.summary()
+    return spexis_stats(sp_server)
+
+
 def tiny_sp_args(pp: int) -> List[str]:
     """Tiny-model SP server: a deep pipeline, and selective speculation on (alpha relay)."""
     return sp_args(pp, "random:0", "--spexis-alpha", "0.25")
@@ -127,12 +137,8 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
 ):
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
     sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(pp)])
-    expected = baseline.greedy_ids(tiny_prompts, 48)
-    got = sp_server.greedy_ids(tiny_prompts, 48)
-    cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
-    print(f"tiny model, PP={pp} SP vs PP=1 plain:", cmp.summary())
-    assert cmp.all_identical, cmp.summary()
-    stats = spexis_stats(sp_server)
+    label = f"tiny model, PP={pp} SP vs PP=1 plain"
+    stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, tiny_prompts, 48, label)
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
     # stage 0's alpha drops reached the other stages (they would desynchronise otherwise)
     assert stats["drafts_dropped"] > 0
@@ -150,12 +156,8 @@ def test_greedy_tiny_model_alpha_one_equals_plain(server_factory, tiny_model_dir
         ["--model-path", tiny_model_dir, *sp_args(3, "random:0", "--spexis-alpha", "1")],
         keep=False,
     )
-    expected = baseline.greedy_ids(tiny_prompts, 48)
-    got = sp_server.greedy_ids(tiny_prompts, 48)
-    cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
-    print("tiny model, PP=3 SP alpha 1 vs PP=1 plain:", cmp.summary())
-    assert cmp.all_identical, cmp.summary()
-    stats = spexis_stats(sp_server)
+    label = "tiny model, PP=3 SP alpha 1 vs PP=1 plain"
+    stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, tiny_prompts, 48, label)
     print({k: stats[k] for k in ("rows_normal", "rows_spec", "rows_redone", "rows_stale")})
     # the rows kept rode on drafts the transit batch then judged (redone where rejected)
     assert stats["rows_spec"] > 0 and stats["rows_redone"] > 0 and stats["drafts_dropped"] == 0
@@ -253,12 +255,8 @@ def test_pp_x_tp_x_sp_tiny_model_equals_plain(server_factory, tiny_model_dir, ti
         env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"},  # SGLang's CPU TP needs one entry per rank
     )
     prompts = tiny_prompts[:8]
-    expected = baseline.greedy_ids(prompts, 40)
-    got = sp_server.greedy_ids(prompts, 40)
-    cmp = compare_outputs(tiny_model_dir, prompts, expected, got)
-    print("tiny model, PP=2 x TP=2 SP vs PP=1 plain:", cmp.summary())
-    assert cmp.all_identical, cmp.summary()
-    stats = spexis_stats(sp_server)
+    label = "tiny model, PP=2 x TP=2 SP vs PP=1 plain"
+    stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, prompts, 40, label)
     assert stats["rows_spec"] > 0 and stats["drafts_dropped"] > 0
 
 

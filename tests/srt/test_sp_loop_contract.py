@@ -595,7 +595,8 @@ def test_selective_speculation_drops_and_stays_lossless(stages: int) -> None:
 
 @pytest.mark.parametrize("stages", [2, 3])
 def test_alpha_one_gives_each_request_a_row_every_n_iterations(stages: int) -> None:
-    """At alpha 1 SP runs what stock PP runs: each request one row every N loop iterations.
+    """At alpha 1 SP runs what stock PP runs: each request one row every N loop iterations,
+    the requests spread over N micro-batches.
     The row built on the draft of the request's row in transit stays (the device redoes it
     where the draft is rejected, so it is never wasted), and a draft whose row is not in
     transit yet is held rather than declined; declined, its request would have nothing to
@@ -617,9 +618,11 @@ def test_alpha_one_gives_each_request_a_row_every_n_iterations(stages: int) -> N
     check_contract(run, exact_rows=False)
     first = next(i for i, n in enumerate(rows_per_iteration) if n)
     # four periods of N iterations while all eight run: 4 x 8 rows (declined drafts gave a
-    # row every N + 1 iterations: 3 x 8 in this window)
+    # row every N + 1 iterations: 3 x 8 in this window), spread over the N phases as stock
+    # PP's micro-batches (at most ceil(8 / N) rows a batch, not 8 every N iterations)
     window = rows_per_iteration[first : first + 4 * stages]
     assert sum(window) == 4 * 8, rows_per_iteration[: first + 4 * stages]
+    assert max(window) == -(-8 // stages), window
     st = sched.sp.stats
     assert st.rows_spec > 0 and st.rows_redone > 0  # the kept rows rode on drafts
 

@@ -554,7 +554,7 @@ class SlotState:
         return kept, dropped
 
     def select_pp(
-        self, rows: Rows, patchable: np.ndarray, pipelined: bool
+        self, rows: Rows, patchable: np.ndarray, pipelined: bool, cap: int | None = None
     ) -> tuple[Rows, np.ndarray, np.ndarray]:
         """Selection at alpha 1 (no speculation that can be wasted): what stock PP runs.
 
@@ -566,27 +566,39 @@ class SlotState:
         its draft kept pending, to run once its request's row reaches the oldest batch (a
         declined draft would leave the request nothing to launch then, and its next row would
         wait for verification: one iteration in N + 1 idle). Slots that cannot be redone
-        drop their drafts as :meth:`select` does. Returns the kept rows, the dropped slots
-        and the held slots (the later stages remove both: :meth:`drop` the first)."""
+        drop their drafts as :meth:`select` does.
+
+        ``cap``: at most this many rows (stock PP's micro-batch, ``ceil(B / N)``); the rows
+        past it wait one iteration (held, drafts kept), which moves their requests to the next
+        phase, so requests that run in step spread over the N phases as PP's micro-batches do
+        instead of all riding one batch every N iterations with the stages idle in between.
+
+        Returns the kept rows, the dropped slots and the held slots (the later stages remove
+        both: :meth:`drop` the first)."""
         empty = np.empty(0, dtype=np.int64)
+        keep = np.ones(len(rows), dtype=bool)
+        dropped = empty
         cand = np.flatnonzero(rows.is_spec)
-        if cand.size == 0:
+        if cand.size:
+            cs = self._active(rows.slot[cand])
+            patch = patchable[cs].astype(bool)
+            redoable = np.zeros(cs.shape[0], dtype=bool)
+            if pipelined:
+                redoable = patch & self._in_head(cs) & (rows.epoch[cand] == self._epoch[cs])
+            dropped = cs[~patch]
+            keep[cand[~redoable]] = False
+        if cap is not None:
+            keep &= np.cumsum(keep) <= max(cap, 1)
+        if keep.all():
             return rows, empty, empty
-        cs = self._active(rows.slot[cand])
-        patch = patchable[cs].astype(bool)
-        redoable = np.zeros(cs.shape[0], dtype=bool)
-        if pipelined:
-            redoable = patch & self._in_head(cs) & (rows.epoch[cand] == self._epoch[cs])
-        held, dropped = cs[patch & ~redoable], cs[~patch]
-        if held.size == 0 and dropped.size == 0:
-            return rows, empty, empty
+        removed = rows.slot[~keep]
+        held = np.setdiff1d(removed, dropped, assume_unique=True)
+        held = removed[np.isin(removed, held)]  # in row order
         planned = rows.plan == self._version
         if dropped.size:
             self._version += 1
             self._has_pending[dropped] = False
             self.stats.drafts_dropped += int(dropped.size)
-        keep = np.ones(len(rows), dtype=bool)
-        keep[cand[~redoable]] = False
         kept = rows.take(keep)
         if planned and dropped.size:  # the kept rows are untouched by the drops
             kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)

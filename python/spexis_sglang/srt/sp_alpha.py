@@ -145,10 +145,12 @@ class AlphaController:
         running: int,
         patchable: Optional[np.ndarray] = None,
         pipelined: bool = False,
+        stages: int = 1,
     ) -> Tuple[Rows, np.ndarray, np.ndarray]:
         """``SlotState.select`` at this iteration's alpha, recording the candidates' ranks.
-        Returns the kept rows, the slots whose drafts were dropped and those whose drafts are
-        held for a later batch (alpha 1 with ``patchable`` given: ``SlotState.select_pp``)."""
+        Returns the kept rows, the slots whose drafts were dropped and those whose rows wait
+        for a later batch (alpha 1 with ``patchable`` given: ``SlotState.select_pp``, at most
+        a stock PP micro-batch of ``ceil(running / stages)`` rows)."""
         a = self.online.next_iteration(running)
         self.iteration_alpha = a if self.auto else self.fixed
         k = self.observe_every
@@ -165,7 +167,8 @@ class AlphaController:
             cs = rows.slot[spec]
             self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
         if self.iteration_alpha >= 1.0 and patchable is not None:
-            return slots.select_pp(rows, patchable, pipelined)
+            cap = -(-running // max(stages, 1))
+            return slots.select_pp(rows, patchable, pipelined, cap)
         kept, dropped = slots.select(rows, self.iteration_alpha)
         return kept, dropped, np.empty(0, dtype=np.int64)
 

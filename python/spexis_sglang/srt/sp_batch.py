@@ -297,13 +297,16 @@ class SPBatchMixin:
         pipelined: bool = False,
     ) -> Rows:
         """Selective speculation: stage 0 drops the ⌊αB⌋ least confident drafts (§5.1); at
-        alpha 1 it keeps the rows the device would redo and holds the other drafts for a
-        later batch (``SlotState.select_pp``). The later stages do the same to the same slots.
+        alpha 1 it runs stock PP's schedule: the rows the device would redo, at most a PP
+        micro-batch of them, the other rows held for a later batch (``SlotState.select_pp``).
+        The later stages do the same to the same slots.
         ``pipelined``: a decode batch's results reach the device before this batch runs."""
         sp = self.sp
         if sp.rank0:
             running = self._sp_running_slots().shape[0]
-            rows, dropped, held = sp.alpha.select(sp.slots, rows, running, sp.patchable, pipelined)
+            rows, dropped, held = sp.alpha.select(
+                sp.slots, rows, running, sp.patchable, pipelined, self.ps.pp_size
+            )
             sp.alpha.update_stats(sp.stats)
         else:
             dropped = np.asarray(plan_in.dropped if plan_in is not None else [], dtype=np.int64)
