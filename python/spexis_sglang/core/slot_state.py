@@ -541,17 +541,10 @@ class SlotState:
         drops = select_drops(self._chain(cs) * self._pending_conf[cs], alpha)
         if drops.size == 0:
             return rows, np.empty(0, dtype=np.int64)
-        dropped = cs[drops]
-        planned = rows.plan == self._version
-        self._version += 1
-        self._has_pending[dropped] = False
-        self.stats.drafts_dropped += int(dropped.size)
         keep = np.ones(len(rows), dtype=bool)
         keep[cand[drops]] = False
-        kept = rows.take(keep)
-        if planned:  # the kept rows are untouched by the drops: still the plan
-            kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)
-        return kept, dropped
+        dropped = cs[drops]
+        return self._take_declining(rows, keep, dropped), dropped
 
     def select_pp(
         self, rows: Rows, patchable: np.ndarray, pipelined: bool, cap: int | None = None
@@ -592,17 +585,22 @@ class SlotState:
         if keep.all():
             return rows, empty, empty
         removed = rows.slot[~keep]
-        held = np.setdiff1d(removed, dropped, assume_unique=True)
-        held = removed[np.isin(removed, held)]  # in row order
+        held = removed[~np.isin(removed, dropped)]  # in row order
+        return self._take_declining(rows, keep, dropped), dropped, held
+
+    def _take_declining(self, rows: Rows, keep: np.ndarray, dropped: np.ndarray) -> Rows:
+        """``rows`` where ``keep``, after declining the pending drafts of ``dropped`` (none of
+        them among the kept rows). Rows that were the plan stay the plan: the kept rows are
+        untouched by the drops."""
         planned = rows.plan == self._version
         if dropped.size:
             self._version += 1
             self._has_pending[dropped] = False
             self.stats.drafts_dropped += int(dropped.size)
         kept = rows.take(keep)
-        if planned and dropped.size:  # the kept rows are untouched by the drops
+        if planned and dropped.size:
             kept = Rows(*(getattr(kept, f) for f in _ROW_ARRAYS), self._version)
-        return kept, dropped, held
+        return kept
 
     # ------------------------------------------------------------------ events
     def conditional_alternatives(

@@ -38,8 +38,9 @@ class SPBatchMixin:
         transit: Optional[ScheduleBatch] = None,
     ) -> Tuple[Optional[ScheduleBatch], SpexisPlan]:
         """This iteration's batch: a prefill (SGLang's admission; with ``--enable-mixed-chunk``
-        the running requests' rows ride along), else every running request's next row. ``transit``: the batch whose results reach the device before this
-        one runs (a decode batch's verdicts then decide where some rows run)."""
+        the running requests' rows ride along), else every running request's next row.
+        ``transit``: the batch whose results reach the device before this one runs (a decode
+        batch's verdicts then decide where some rows run)."""
         sp = self.sp
         plan_out = SpexisPlan(iteration=sp.iteration)
         self.process_pending_chunked_abort()
@@ -76,7 +77,7 @@ class SPBatchMixin:
         sp.admit_reservation = None
         if prefill is not None:
             # the running requests' rows ride along where they can (sp_mixed)
-            batch = self.sp_mix(prefill, plan_in, plan_out)
+            batch = self.sp_mix(prefill, plan_in, plan_out, rows_can_mix=mixed_rows > 0)
             self.sp_set_prefill_penalties(batch, prefill.reqs)
             return batch, plan_out
         record = sp.record(transit)

@@ -70,11 +70,13 @@ class SPMixedMixin:
         prefill: ScheduleBatch,
         plan_in: Optional[SpexisPlan],
         plan_out: SpexisPlan,
+        rows_can_mix: bool,
     ) -> ScheduleBatch:
         """``prefill`` with every running request's next row riding along, or ``prefill``
-        alone where they cannot ride (see the module docstring)."""
+        alone where they cannot ride (see the module docstring). ``rows_can_mix``:
+        :meth:`sp_rows_can_mix`, as the admission that made ``prefill`` found it."""
         sp = self.sp
-        if not (self.sp_rows_can_mix() and prefill_can_mix(prefill)):
+        if not (rows_can_mix and prefill_can_mix(prefill)):
             sp.add(prefill, SPBatch("prefill"))
             return prefill
         decode = self.sp_build_decode_batch(plan_in, plan_out, transit=None)
