@@ -11,6 +11,8 @@ import json
 import os
 from typing import List
 
+from spexis_sglang.srt.config import stage0_end_layer
+
 ARTIFACTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "artifacts")
 # config fingerprints are checked at load time; here we only need to find the folder
 _MODEL_FOLDERS = {"smollm2-135m-instruct": "smollm2-135m-instruct"}
@@ -18,13 +20,6 @@ _MODEL_FOLDERS = {"smollm2-135m-instruct": "smollm2-135m-instruct"}
 
 class BundledHeadError(ValueError):
     pass
-
-
-def stage0_end_layer(num_layers: int, pp_size: int) -> int:
-    """Stage 0's last layer + 1, as SGLang splits layers over pipeline stages."""
-    from sglang.srt.distributed.utils import get_pp_indices
-
-    return get_pp_indices(num_layers, 0, pp_size)[1]
 
 
 def _model_folder(model_path: str) -> str:

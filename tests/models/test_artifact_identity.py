@@ -116,7 +116,7 @@ def test_artifact_records_what_it_belongs_to(models, tmp_path):
 
 
 def _launch(argv, monkeypatch):
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
@@ -125,7 +125,7 @@ def _launch(argv, monkeypatch):
 
 
 def test_launcher_refuses_a_head_for_another_model_or_split(models, tmp_path, monkeypatch):
-    from spexis_sglang.launch_server import LaunchError
+    from spexis_sglang.srt.launch import LaunchError
     from spexis_sglang.train.pipeline import stage0_layers
 
     llama_head = _head_for(models["llama7"], str(tmp_path / "llama-exit3"), stage0_layers(7, 2))

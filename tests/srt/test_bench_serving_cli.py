@@ -12,10 +12,10 @@ _CODE = textwrap.dedent("""
 
     sys.modules["datasets"] = None  # "import datasets" now fails as if it were not installed
     from spexis_sglang.cpu_support import activate
-    from spexis_sglang import bench_serving
+    from spexis_sglang.srt import bench_cli
 
     activate()
-    bench_serving._stub_missing_datasets()
+    bench_cli._stub_missing_datasets()
     from sglang.benchmark.datasets import DATASET_MAPPING
     from sglang.benchmark.serving import cli_main  # imports as on a machine without datasets
 

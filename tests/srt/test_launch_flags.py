@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from spexis_sglang import launch_server
+from spexis_sglang.srt import launch as launch_server
 from spexis_sglang.bundled import ARTIFACTS_DIR, bundled_draft_head
 from spexis_sglang.default_model import ensure_default_model
 
@@ -144,7 +144,7 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
 )
 def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
     """A numeric alpha works as before; 'auto' turns the online choice on."""
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
@@ -167,7 +167,7 @@ def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
 )
 def test_fixed_alpha_observes_every_kth_iteration(extra, expected, monkeypatch):
     """A fixed alpha's observer samples iterations (default 8); the config carries K."""
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
@@ -193,7 +193,7 @@ def test_bundled_head_matches_stage0_of_pp2():
 
 
 def test_lookahead_admission_flags_resolve_the_bundled_predictor():
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
 
     argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
     argv += ["--spexis-draft-head", "bundled", "--spexis-length-predictor", "bundled"]
@@ -207,7 +207,7 @@ def test_lookahead_admission_flags_resolve_the_bundled_predictor():
 def test_sp_accepts_data_parallelism_and_pages(option):
     """--dp-size > 1 (every replica runs its own SP pipeline) and --page-size > 1 (SP allocates
     page by page): equality tests in tests/e2e/test_sp_launch_options.py."""
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
 
     argv = ["--model-path", ensure_default_model(), "--pp-size", "2", *option]
     server_args, cfg = prepare_server_args(argv + ["--spexis-draft-head", "bundled"])
@@ -266,7 +266,7 @@ def test_float64_mode_sets_the_model_dtype_on_every_kind_of_server():
     import torch
     from sglang.srt.configs.model_config import _get_and_verify_dtype
 
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.hooks import register_float64_dtype
 
     for extra in ([], ["--spexis-draft-head", "bundled"]):
@@ -313,7 +313,7 @@ def _graph_args(max_bs, backend="full", pp=2, device="cuda", max_running=None):
 def test_sp_sizes_decode_graphs_for_its_full_batch():
     """SP runs all B rows per iteration, stock PP B/N: SGLang's default graph limit is raised
     N-fold (capped), unless the user sized the graphs, graphs are off, or SP is off."""
-    from spexis_sglang.launch_server import SP_GRAPH_MAX_BS_CAP, sp_graph_max_bs
+    from spexis_sglang.srt.launch import SP_GRAPH_MAX_BS_CAP, sp_graph_max_bs
     from spexis_sglang.srt.config import SpexisConfig
 
     sp, plain = SpexisConfig(draft_head="random:0"), SpexisConfig()
@@ -410,7 +410,7 @@ def test_every_server_gets_the_queue_limit_and_the_bundled_model_its_clean_name(
     ],
 )
 def test_request_limits_reach_the_config(extra, expected, monkeypatch):
-    from spexis_sglang.launch_server import prepare_server_args
+    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test

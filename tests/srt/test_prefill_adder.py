@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION, SpexisPrefillAdder
+from spexis_sglang.srt.prefill_adder import SpexisPrefillAdder, SPRunningBatch
 
 POOL = 400
 
@@ -65,8 +65,7 @@ def _adder(used: int, running, count: bool) -> SpexisPrefillAdder:
     alloc = TokenToKVPoolAllocator(POOL, torch.float32, "cpu", kvcache=None, need_sort=False)
     if used:
         alloc.alloc(used)
-    batch = SimpleNamespace(reqs=running, batch_size=lambda: len(running))
-    setattr(batch, COUNT_ADMISSION, count)
+    batch = SPRunningBatch(reqs=running, admit_by_count=count)
     return SpexisPrefillAdder(1, _TreeCache(), alloc, batch, 0.7, 4096, None)
 
 
@@ -95,3 +94,20 @@ def test_by_count_the_prompt_must_still_fit_in_the_memory_free_now():
     # 39 left: the next 40-token prompt (plus a page) does not fit
     assert adder.add_one_req(_req(40, 10), False, None) == AddReqResult.NO_TOKEN
     assert len(adder.can_run_list) == 1
+
+
+def test_rows_riding_along_take_their_share_of_the_chunk_for_one_pass():
+    """With 5 SP rows riding along, the chunk and the pass's input budget shrink by 5 (SGLang's
+    num_mixed_decode_tokens); after the pass the batch admits as SGLang would."""
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+    alloc = TokenToKVPoolAllocator(POOL, torch.float32, "cpu", kvcache=None, need_sort=False)
+    batch = SPRunningBatch(reqs=[])
+    with batch.admission_pass(by_count=True, mixed_decode_rows=5):
+        adder = SpexisPrefillAdder(1, _TreeCache(), alloc, batch, 0.7, 4096, 64)
+        assert adder.count_admission
+    assert (adder.rem_chunk_tokens, adder.rem_input_tokens) == (64 - 5, 4096 - 5)
+    assert not batch.admit_by_count and batch.mixed_decode_rows == 0
+    plain = SpexisPrefillAdder(1, _TreeCache(), alloc, batch, 0.7, 4096, 64)
+    assert (plain.rem_chunk_tokens, plain.rem_input_tokens) == (64, 4096)
+    assert not plain.count_admission

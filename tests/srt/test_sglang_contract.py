@@ -4,6 +4,7 @@ one fails here, naming it and where Spexis uses it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import re
@@ -77,3 +78,61 @@ def test_the_table_covers_the_pp_methods_spexis_overrides():
     }
     listed = {e.name.split(".", 1)[1] for e in INTERNALS if e.name.startswith("Scheduler.")}
     assert overridden <= listed, f"overridden but not in the contract: {overridden - listed}"
+
+
+def test_the_table_covers_every_method_spexis_subclasses_override():
+    """SGLang classes Spexis subclasses (the prefill adder, SP's running batch and sampling
+    state): every SGLang method they override is in the table."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    from spexis_sglang.srt.prefill_adder import SpexisPrefillAdder, SPRunningBatch
+    from spexis_sglang.srt.sp_sampling import SPSamplingBatchInfo
+
+    overridden = set()
+    for ours, base in (
+        (SpexisPrefillAdder, PrefillAdder),
+        (SPRunningBatch, ScheduleBatch),
+        (SPSamplingBatchInfo, SamplingBatchInfo),
+    ):
+        # a dataclass subclass's generated methods take the base's fields: nothing of ours
+        generated = {"__init__", "__repr__", "__eq__"} if dataclasses.is_dataclass(ours) else ()
+        for name, value in vars(ours).items():
+            if name in generated:
+                continue
+            if hasattr(base, name) and (callable(value) or isinstance(value, property)):
+                if not name.startswith("__") or name == "__init__":
+                    overridden.add(f"{base.__name__}.{name}")
+    listed = {e.name for e in INTERNALS if e.use == "override"}
+    assert overridden, "no overrides found: the scan is broken"
+    assert overridden <= listed, f"overridden but not in the contract: {overridden - listed}"
+
+
+def test_only_srt_and_the_cpu_support_import_sglang():
+    """SGLang is reached from ``srt/`` (and the CPU environment) only: an upgrade's changes
+    stay in one package (the entry points outside it are thin wrappers of ``srt``)."""
+    import ast
+    from pathlib import Path
+
+    import spexis_sglang
+
+    root = Path(spexis_sglang.__file__).parent
+    allowed = {root / "srt", root / "cpu_support"}
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if any(folder in path.parents for folder in allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [
+                f"{path.relative_to(root)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "sglang"
+            ]
+    assert not offenders, offenders

@@ -8,6 +8,7 @@ tokens of stock SGLang's decode loop under the same grammar (mask from the commi
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from types import SimpleNamespace
@@ -21,8 +22,8 @@ from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 from spexis_sglang.core.sp_state import Outcome, SPState
 from spexis_sglang.srt.sp_grammar import (
     accept_committed,
+    draft_mask_of,
     grammar_request_error,
-    install_sampling_mask,
     invalid_draft_rows,
     row_masks,
 )
@@ -182,21 +183,46 @@ def test_grammar_requests_are_served_except_in_forced_mode_or_other_backends(com
     assert "xgrammar backend only" in err and "SimpleNamespace" in err
 
 
-class FakeSamplingInfo:
-    """Stands for ``SamplingBatchInfo`` (a dataclass: attributes and weak references)."""
+def _sampling_info(grammars, batch):
+    from spexis_sglang.srt.sp_sampling import SPSamplingBatchInfo
+
+    ones = torch.ones(batch)
+    return SPSamplingBatchInfo(
+        temperatures=ones.view(-1, 1),
+        top_ps=ones,
+        top_ks=torch.ones(batch, dtype=torch.int32),
+        min_ps=torch.zeros(batch),
+        is_all_greedy=True,
+        is_any_greedy=True,
+        need_top_p_sampling=False,
+        need_top_k_sampling=False,
+        need_min_p_sampling=False,
+        vocab_size=V,
+        grammars=grammars,
+        device="cpu",
+    )
 
 
-def test_install_sampling_mask_replaces_the_stock_fill(compiler):
+def test_row_masks_replace_the_stock_fill_and_reach_the_draft_head(compiler):
+    """A batch's own row masks replace SGLang's fill from the committed states (None: no row
+    constrained); without them the stock fill runs; the draft mask reaches the forward."""
     g = make_grammar(compiler, "regex_loop")
     mask = row_masks([g], [()], V, "cpu")
-    info = FakeSamplingInfo()
-    info.grammar_mask, info.grammars = None, [g]
-    install_sampling_mask(info, mask)
+    info = _sampling_info([g], 1)
+    info.update_regex_vocab_mask()  # stock: a mask from g's committed state
+    assert info.grammar_mask is not None and info.grammar_mask is not mask
+    info.rows_masked, info.row_mask = True, mask
     info.update_regex_vocab_mask()
     assert info.grammar_mask is mask
-    install_sampling_mask(info, None)
+    info.row_mask = None
     info.update_regex_vocab_mask()
     assert info.grammar_mask is None
+    assert draft_mask_of(SimpleNamespace(sampling_info=info)) is None
+    info.draft_mask = mask
+    # the forward's copy (SGLang's copy_for_forward: a dataclasses.replace) keeps the mask
+    forward = SimpleNamespace(sampling_info=dataclasses.replace(info))
+    assert draft_mask_of(forward) is mask
+    assert draft_mask_of(SimpleNamespace(sampling_info=None)) is None
 
 
 # ------------------------------------------------------------------------------------------------

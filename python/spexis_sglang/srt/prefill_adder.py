@@ -6,7 +6,7 @@ and the count reaches every rank in the iteration's plan (``SpexisPlan.admit_cap
 SGLang's loop through ``get_num_allocatable_reqs``. SGLang's adder would still refuse a request
 once its reservation (future tokens of the running requests, the new request's whole
 ``max_new_tokens``) exceeds the free memory, which is exactly the idle memory the projection
-lends out. With the flag :data:`COUNT_ADMISSION` set on the running batch for one pass, this
+lends out. When SP's running batch (:class:`SPRunningBatch`) admits by count for one pass, this
 adder keeps every other budget of SGLang's (prefill tokens, chunk size, the prompt must fit in
 the memory free now) and lets the count be the limit. Without the flag it is SGLang's adder.
 
@@ -16,17 +16,44 @@ Installed in place of SGLang's class in every scheduler process (``hooks.install
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddReqResult,
     PrefillAdder,
 )
 
-#: attribute of the running ``ScheduleBatch``: admit by the gate's count this pass
-COUNT_ADMISSION = "spexis_count_admission"
-#: attribute of the running ``ScheduleBatch``: SP rows that ride along the chunk this pass
-#: (``sp_mixed``; stock SGLang passes its running batch size under ``--enable-mixed-chunk``)
-MIXED_DECODE_ROWS = "spexis_mixed_decode_rows"
+
+@dataclasses.dataclass
+class SPRunningBatch(ScheduleBatch):
+    """SP's running batch (its requests in batch order, as SGLang's admission scans them) and
+    what the admission pass under way tells the adder, which SGLang hands only this batch."""
+
+    #: admit by the gate's count (no token reservation) in this pass
+    admit_by_count: bool = False
+    #: SP rows that ride along the chunk in this pass (``sp_mixed``; stock SGLang passes its
+    #: running batch size under ``--enable-mixed-chunk``)
+    mixed_decode_rows: int = 0
+
+    @contextlib.contextmanager
+    def admission_pass(self, *, by_count: bool, mixed_decode_rows: int):
+        """The settings hold for one admission pass, decided afresh by the next."""
+        self.admit_by_count, self.mixed_decode_rows = by_count, mixed_decode_rows
+        try:
+            yield
+        finally:
+            self.admit_by_count, self.mixed_decode_rows = False, 0
+
+
+def _pass_of(running_batch) -> SPRunningBatch:
+    """The running batch's pass settings (SGLang's own running batch: none)."""
+    return running_batch if isinstance(running_batch, SPRunningBatch) else _NO_PASS
+
+
+_NO_PASS = SPRunningBatch(reqs=[])
 
 
 class SpexisPrefillAdder(PrefillAdder):
@@ -35,7 +62,7 @@ class SpexisPrefillAdder(PrefillAdder):
 
     def __init__(self, page_size, tree_cache, allocator, running_batch, *args, **kwargs):
         super().__init__(page_size, tree_cache, allocator, running_batch, *args, **kwargs)
-        rows = int(getattr(running_batch, MIXED_DECODE_ROWS, 0) or 0)
+        rows = _pass_of(running_batch).mixed_decode_rows
         if rows:
             # what SGLang's num_mixed_decode_tokens does (SP keeps SGLang's own mixing off)
             self.rem_input_tokens -= rows
@@ -46,7 +73,7 @@ class SpexisPrefillAdder(PrefillAdder):
 
     @property
     def count_admission(self) -> bool:
-        return bool(getattr(self.running_batch, COUNT_ADMISSION, False))
+        return _pass_of(self.running_batch).admit_by_count
 
     @property
     def rem_total_tokens(self):

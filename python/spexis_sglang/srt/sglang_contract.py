@@ -148,6 +148,13 @@ INTERNALS: Tuple[Internal, ...] = (
         ),
         "prefill_adder (the chunk's share of mixed SP rows)",
     ),
+    Internal(
+        "sglang.srt.sampling.sampling_batch_info",
+        "SamplingBatchInfo.update_regex_vocab_mask",
+        "override",
+        (),
+        "sp_sampling (SP rows' own grammar masks)",
+    ),
     # -- ScheduleBatch fields a mixed batch sets or hands over (sp_mixed)
     *(
         Internal(

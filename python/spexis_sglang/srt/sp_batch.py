@@ -13,15 +13,14 @@ import numpy as np
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt import sp_grammar
-from spexis_sglang.srt.prefill_adder import COUNT_ADMISSION, MIXED_DECODE_ROWS
 from spexis_sglang.srt.protocol import SpexisPlan
 from spexis_sglang.srt.sp_logprobs import set_decode_logprob_fields
 from spexis_sglang.srt.sp_penalties import needs_penalizer, row_output_prefix, set_penalizer_state
 from spexis_sglang.srt.sp_records import LaunchPlan, SPBatch
+from spexis_sglang.srt.sp_sampling import SPSamplingBatchInfo
 
 if TYPE_CHECKING:
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
@@ -62,15 +61,14 @@ class SPBatchMixin:
             sp.running.batch_is_full = False
         # a cap is the gate's count: it replaces SGLang's token reservation (prefill_adder);
         # rows that may ride along the chunk take their share of its tokens (sp_mixed)
-        setattr(sp.running, COUNT_ADMISSION, sp.admit_cap is not None)
         mixed_rows = len(sp.running.reqs) if self.sp_rows_can_mix() else 0
-        setattr(sp.running, MIXED_DECODE_ROWS, mixed_rows)
         try:
-            prefill = self.get_new_batch_prefill(sp.running).batch_to_run
+            with sp.running.admission_pass(
+                by_count=sp.admit_cap is not None, mixed_decode_rows=mixed_rows
+            ):
+                prefill = self.get_new_batch_prefill(sp.running).batch_to_run
         finally:
             sp.admit_cap = None
-            setattr(sp.running, COUNT_ADMISSION, False)
-            setattr(sp.running, MIXED_DECODE_ROWS, 0)
         if prefill is not None and sp.admit_reservation is not None:
             # admitted while SGLang's reservation would still have held them back
             sp.stats.admissions_early += max(0, len(prefill.reqs) - sp.admit_reservation)
@@ -224,7 +222,7 @@ class SPBatchMixin:
         if not (last or self.sp_grammar_draft_mask):
             return
         if batch.sampling_info is None:  # stage 0: the draft head reads the mask from it
-            batch.sampling_info = SamplingBatchInfo.from_schedule_batch(
+            batch.sampling_info = SPSamplingBatchInfo.from_schedule_batch(
                 batch, self.model_config.vocab_size
             )
         record = self.sp.record(batch)

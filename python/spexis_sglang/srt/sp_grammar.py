@@ -17,8 +17,8 @@ Under SP the matcher may only ever hold *verified* output, while a speculative r
 * **Row masks** (the sampling rank). :func:`row_masks` gives each row the matcher state after its
   own prefix: the live matcher accepts the row's drafts, fills the row's bitmask and rolls back,
   so a row costs what stock's fill costs plus ``O(drafts)`` (at most ``N - 1``) accept/rollback
-  steps of about a microsecond. :func:`install_sampling_mask` makes the sampler apply these masks
-  instead of the committed-state ones it would compute.
+  steps of about a microsecond. The batch's sampling state (``sp_sampling.SPSamplingBatchInfo``)
+  makes the sampler apply these masks instead of the committed-state ones it would compute.
 * **A draft the grammar forbids.** The row that samples that position has a valid prefix and
   samples under the mask, so the true token differs from the draft: the draft is rejected, and
   every row built on it comes back stale. Such a row gets no mask (any mask would do). The
@@ -27,7 +27,8 @@ Under SP the matcher may only ever hold *verified* output, while a speculative r
 * **Draft masking** (stage 0). The draft stage 0 makes at a row is a guess of the same token the
   row samples, under the same prefix: it needs the same mask. With draft masking on, stage 0
   computes the row masks too, and the draft head takes its argmax (and confidence) over the tokens
-  the grammar allows (:func:`set_draft_mask`, read by ``draft_model``). Drafts the grammar forbids
+  the grammar allows (the batch's ``SPSamplingBatchInfo.draft_mask``, read by ``draft_model``
+  through :func:`draft_mask_of`). Drafts the grammar forbids
   are certain rejections; masking them turns them into chances. (Lossless either way: only the
   sampling rank's masks decide tokens.)
 
@@ -40,33 +41,29 @@ benchmark-only forced-acceptance mode, which may commit a draft the grammar forb
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import List, Optional, Sequence
 
 import torch
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject, GrammarMask
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 
+from spexis_sglang.srt.sp_sampling import SPSamplingBatchInfo
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "GRAMMAR_PARAMS",
-    "DRAFT_MASK_ATTR",
     "accept_committed",
     "draft_mask_of",
     "draft_masking_enabled",
     "grammar_request_error",
-    "install_sampling_mask",
     "invalid_draft_rows",
     "row_masks",
     "set_decode_masks",
-    "set_draft_mask",
 ]
 
 #: the sampling parameters that make SGLang compile a grammar for a request
 GRAMMAR_PARAMS = ("regex", "json_schema", "ebnf", "structural_tag")
-#: attribute of a decode batch's ``SamplingBatchInfo`` holding stage 0's draft mask
-DRAFT_MASK_ATTR = "spexis_draft_mask"
 
 
 def _supported(grammar: BaseGrammarObject) -> bool:
@@ -180,32 +177,10 @@ def invalid_draft_rows(
     return out
 
 
-def install_sampling_mask(sampling_info, mask: Optional[GrammarMask]) -> None:
-    """Make the sampler apply ``mask`` (None: no row constrained) to this batch.
-
-    Stock ``_preprocess_logits`` calls ``sampling_info.update_regex_vocab_mask()``, which would
-    fill masks from the requests' committed grammar states (``sampling_info.grammars``); this
-    batch's rows need their own prefixes' masks, computed when the batch was built.
-    """
-    info = weakref.ref(sampling_info)  # no reference cycle through the instance's own dict
-
-    def update_regex_vocab_mask() -> None:
-        target = info()
-        if target is not None:
-            target.grammar_mask = mask
-
-    sampling_info.update_regex_vocab_mask = update_regex_vocab_mask
-
-
-def set_draft_mask(sampling_info, mask: Optional[GrammarMask]) -> None:
-    """Hand stage 0's draft head the rows' masks (its argmax is taken over allowed tokens)."""
-    setattr(sampling_info, DRAFT_MASK_ATTR, mask)
-
-
 def draft_mask_of(forward_batch) -> Optional[GrammarMask]:
     """The draft mask a decode forward carries (None: draft freely)."""
     info = getattr(forward_batch, "sampling_info", None)
-    return getattr(info, DRAFT_MASK_ATTR, None) if info is not None else None
+    return info.draft_mask if isinstance(info, SPSamplingBatchInfo) else None
 
 
 def draft_masking_enabled(config, server_args) -> bool:
@@ -251,8 +226,9 @@ def set_decode_masks(
         grammars.append(req.grammar)
         drafts.append(drafts_i)
     mask = row_masks(grammars, drafts, vocab_size, batch.device)
+    info: SPSamplingBatchInfo = batch.sampling_info
     if sampling_rank:
-        install_sampling_mask(batch.sampling_info, mask)
+        info.rows_masked, info.row_mask = True, mask
     if draft_rank:
-        set_draft_mask(batch.sampling_info, mask)
+        info.draft_mask = mask
     return sampling_rank

@@ -17,6 +17,7 @@ from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from spexis_sglang.core.slot_state import Rows, SlotState
 from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.host_staging import HostReadback, HostStaging
+from spexis_sglang.srt.prefill_adder import SPRunningBatch
 from spexis_sglang.srt.protocol import PLACEHOLDER_TOKEN, PROXY_DRAFT_IDS, unpack_drafts
 from spexis_sglang.srt.sp_alpha import AlphaController
 from spexis_sglang.srt.sp_emit import SlotEmit
@@ -163,7 +164,7 @@ class SPLoopState:
     #: the Req decoding under SP in each slot (None: free or draining)
     req_at: np.ndarray
     #: the running requests in batch order (SGLang's stock code scans this batch's reqs)
-    running: ScheduleBatch
+    running: SPRunningBatch
     #: the last stage's per-slot sampling parameters (None on the ranks that do not sample)
     sampling: Optional[SlotSampling]
     #: benchmark-only forced acceptance (None unless --spexis-benchmark-force-accept)

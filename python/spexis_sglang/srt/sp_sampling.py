@@ -11,14 +11,19 @@ arrays indexed by its slot (``req_pool_idx``); a batch gathers them with one num
 field. Only the rank that samples (the last PP stage) builds sampling state at all. Requests
 that need what the arrays do not hold (penalizers, logit bias, custom logit processors,
 sampling masks, grammars) make the batch take SGLang's own ``from_schedule_batch``.
+
+Every SP decode batch's sampling state is a :class:`SPSamplingBatchInfo`: SGLang's, plus the
+grammar masks of its rows (``sp_grammar``), which the rows' own drafts decide.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
 import torch
+from sglang.srt.constrained.base_grammar_backend import GrammarMask
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -26,9 +31,30 @@ from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
 from spexis_sglang.srt.sp_penalties import needs_penalizer
 
-__all__ = ["SlotSampling"]
+__all__ = ["SPSamplingBatchInfo", "SlotSampling"]
 
 _DEFAULT_SEED = 42  # SGLang's seed for a request without sampling_seed
+
+
+@dataclasses.dataclass
+class SPSamplingBatchInfo(SamplingBatchInfo):
+    """An SP decode batch's sampling state, with its rows' grammar masks when it has any.
+
+    SGLang's sampler fills the masks from the requests' committed grammar states
+    (``update_regex_vocab_mask``); an SP row is built on its own unverified drafts, so its
+    mask is computed when the batch is built, after those drafts (``sp_grammar``).
+    """
+
+    #: the sampler's masks replace SGLang's own fill (None in ``row_mask``: no row constrained)
+    rows_masked: bool = False
+    row_mask: Optional[GrammarMask] = None
+    #: stage 0's draft head takes its argmax over what this allows (None: draft freely)
+    draft_mask: Optional[GrammarMask] = None
+
+    def update_regex_vocab_mask(self) -> None:
+        if not self.rows_masked:
+            return super().update_regex_vocab_mask()
+        self.grammar_mask = self.row_mask
 
 
 class SlotSampling:
@@ -65,10 +91,10 @@ class SlotSampling:
             or (self._custom_processors and req.custom_logit_processor is not None)
         )
 
-    def build(self, batch: ScheduleBatch, slots: np.ndarray) -> SamplingBatchInfo:
+    def build(self, batch: ScheduleBatch, slots: np.ndarray) -> SPSamplingBatchInfo:
         """The sampling state of ``batch``, whose rows belong to ``slots`` (in row order)."""
         if self._full[slots].any():
-            return SamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
+            return SPSamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
         device = batch.device
         floats = torch.from_numpy(self._floats[:, slots]).to(device, non_blocking=True)
         top_k = self._top_k[slots]
@@ -77,7 +103,7 @@ class SlotSampling:
         if self._deterministic:
             seed = torch.from_numpy(self._seed[slots]).to(device, non_blocking=True)
         greedy = top_k <= 1
-        info = SamplingBatchInfo(
+        info = SPSamplingBatchInfo(
             temperatures=floats[0].view(-1, 1),
             top_ps=floats[1],
             top_ks=torch.from_numpy(top_k).to(device, non_blocking=True),

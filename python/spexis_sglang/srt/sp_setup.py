@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
-from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.runtime_context import get_observability, get_parallel
 
 from spexis_sglang.core.slot_state import SlotState
@@ -28,6 +27,7 @@ from spexis_sglang.srt.config import (
     share_gpu_mode,
 )
 from spexis_sglang.srt.host_staging import HostReadback, HostStaging
+from spexis_sglang.srt.prefill_adder import SPRunningBatch
 from spexis_sglang.srt.profiling import DraftLog
 from spexis_sglang.srt.protocol import FORCED_LABEL
 from spexis_sglang.srt.relay import PipeRequestReceiver, open_local_relay
@@ -80,7 +80,7 @@ class SPSetupMixin:
             # pp_loop_size launches later
             slots=SlotState(capacity, depth=self.pp_loop_size, pipelined=True),
             req_at=np.full(capacity, None, dtype=object),
-            running=ScheduleBatch(reqs=[], batch_is_full=False),
+            running=SPRunningBatch(reqs=[], batch_is_full=False),
             sampling=SlotSampling(capacity, vocab) if self.pp_group.is_last_rank else None,
             forced=forced,
             length_bucket=np.full(capacity, -1, dtype=np.int64),
