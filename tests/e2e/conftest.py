@@ -108,6 +108,7 @@ def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> Serve
 # Unit tests are spread over both workers.
 E2E_GROUP_A = {
     "test_bench_serving.py",
+    "test_sp_grammar.py",
     "test_sp_admission.py",
     "test_sp_penalties.py",
     "test_sp_alpha_auto.py",

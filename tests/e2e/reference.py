@@ -41,16 +41,29 @@ def chat_prompt_ids(model_dir: str, prompts: List[str] = CHAT_PROMPTS) -> List[L
 
 
 @torch.no_grad()
-def hf_greedy(model_dir: str, prompt_ids: List[int], max_new_tokens: int) -> List[int]:
-    """Greedy continuation with a KV cache; never stops at EOS (like ``ignore_eos``)."""
+def hf_greedy(model_dir: str, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
+    """Greedy continuations of ``prompts`` in one left-padded batch with a KV cache; never
+    stops at EOS (like ``ignore_eos``). In float64 the padding moves no logit by more than
+    rounding: the same tokens as one prompt at a time, several times faster."""
     model = load_model(model_dir)
-    ids = torch.tensor([prompt_ids])
-    out = model(input_ids=ids, use_cache=True)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     past, logits = out.past_key_values, out.logits[:, -1]
-    generated: List[int] = []
+    generated = []
     for _ in range(max_new_tokens):
-        nxt = int(logits.argmax(-1))
+        nxt = logits.argmax(-1)
         generated.append(nxt)
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+        )
         past, logits = out.past_key_values, out.logits[:, -1]
-    return generated
+    return torch.stack(generated, dim=1).tolist()

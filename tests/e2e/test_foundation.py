@@ -43,8 +43,8 @@ def test_pp1_and_pp2_give_identical_greedy_ids(greedy_outputs, prompt_ids):
 
 
 def test_greedy_ids_equal_hf_transformers(greedy_outputs, prompt_ids, model_dir):
-    for i, ids in enumerate(prompt_ids):
-        expected = hf_greedy(model_dir, ids, NEW_TOKENS)
+    for i, expected in enumerate(hf_greedy(model_dir, prompt_ids, NEW_TOKENS)):
+        assert len(expected) == NEW_TOKENS
         assert greedy_outputs[1][i] == expected, f"prompt {i} ({CHAT_PROMPTS[i]!r}): PP=1 != HF"
         assert greedy_outputs[2][i] == expected, f"prompt {i} ({CHAT_PROMPTS[i]!r}): PP=2 != HF"
 

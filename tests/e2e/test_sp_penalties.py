@@ -16,7 +16,7 @@ the prompt's last token ("\n") or missing the newest output token decides the ar
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -62,81 +62,107 @@ def servers(server_factory, trained_head):  # noqa: F811
     )
 
 
-def test_greedy_with_penalties_equals_plain_sglang(servers, model_dir):
-    """Each penalty on the same prompts, all in one batch (float64: a request's output does not
-    depend on the batch it shares)."""
-    baseline_server, sp_server = servers
+# The three batches below (each penalty on the same prompts; short answers under
+# min_new_tokens; penalised and plain requests side by side) run as one request on each server
+# (float64: a request's output does not depend on the batch it shares); each test checks its
+# part.
+MIXED_PARAMS = [
+    {},
+    PENALTIES[0],
+    PENALTIES[1],
+    PENALTIES[2],
+    {"min_new_tokens": MIN_NEW_TOKENS, "stop_token_ids": [IM_END]},
+    {"frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1},
+    {},
+    {"frequency_penalty": -0.4},
+]
+# stop at the model's end token (min_new_tokens holds it off)
+STOP = {"ignore_eos": False, "stop_token_ids": [IM_END]}
+
+
+def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
+    """name -> (prompts, per-request sampling parameters)."""
+    greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}
     prompts = lossless_prompts(model_dir, 8)
-    batch = [p for _ in PENALTIES for p in prompts]
-    sampling = [
-        {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True, **params}
-        for params in PENALTIES
-        for _ in prompts
+    short = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
+    return {
+        "penalties": (
+            [p for _ in PENALTIES for p in prompts],
+            [{**greedy, "ignore_eos": True, **q} for q in PENALTIES for _ in prompts],
+        ),
+        "min_new_tokens": (
+            short,
+            [{**greedy, **STOP, "min_new_tokens": MIN_NEW_TOKENS} for _ in short],
+        ),
+        "mixed": (prompts, [{**greedy, "ignore_eos": True, **q} for q in MIXED_PARAMS]),
+    }
+
+
+def _run(server, parts) -> Dict[str, List[List[int]]]:
+    """Every part's requests in one batch; output ids per part."""
+    prompts = [p for ps, _ in parts.values() for p in ps]
+    sampling = [q for _, qs in parts.values() for q in qs]
+    out = [
+        o["output_ids"]
+        for o in server.generate({"input_ids": prompts, "sampling_params": sampling})
     ]
+    got, at = {}, 0
+    for name, (ps, _) in parts.items():
+        got[name], at = out[at : at + len(ps)], at + len(ps)
+    return got
 
-    def run(server) -> List[List[int]]:
-        out = server.generate({"input_ids": batch, "sampling_params": sampling})
-        return [o["output_ids"] for o in out]
 
-    expected = run(baseline_server)
-    unpenalized = baseline_server.greedy_ids(prompts, NEW_TOKENS)
+@pytest.fixture(scope="module")
+def runs(servers, model_dir):
+    """The parts on plain SGLang and on SP, SP's counters over its run, and plain SGLang's
+    outputs without the penalties (greedy, same prompts) and without min_new_tokens."""
+    baseline_server, sp_server = servers
+    parts = _parts(model_dir)
+    expected = _run(baseline_server, parts)
     before = spexis_stats(sp_server)
-    got = run(sp_server)
+    got = _run(sp_server, parts)
     after = spexis_stats(sp_server)
-    cmp = compare_outputs(model_dir, batch, expected, got)
+    unpenalized = baseline_server.greedy_ids(lossless_prompts(model_dir, 8), NEW_TOKENS)
+    free = baseline_server.greedy_ids(parts["min_new_tokens"][0], NEW_TOKENS, **STOP)
+    stats = {k: after[k] - before[k] for k in ("rows_spec", "rejected")}
+    return parts, expected, got, stats, unpenalized, free
+
+
+def test_greedy_with_penalties_equals_plain_sglang(runs, model_dir):
+    """Each penalty on the same prompts."""
+    parts, expected, got, stats, unpenalized, _ = runs
+    cmp = compare_outputs(model_dir, parts["penalties"][0], expected["penalties"], got["penalties"])
     print("penalties: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
     # each penalty changes the output (so SP applied it), and SP speculated meanwhile
-    n = len(prompts)
+    n = len(unpenalized)
     for k, params in enumerate(PENALTIES):
-        penalized = expected[k * n : (k + 1) * n]
+        penalized = expected["penalties"][k * n : (k + 1) * n]
         assert sum(a != b for a, b in zip(penalized, unpenalized)) >= 2, params
-    assert after["rows_spec"] > before["rows_spec"] and after["rejected"] > before["rejected"]
+    assert stats["rows_spec"] > 0 and stats["rejected"] > 0
 
 
-def test_min_new_tokens_equals_plain_sglang(servers, model_dir):
-    baseline_server, sp_server = servers
-    prompts: List[List[int]] = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
-    stop = {"ignore_eos": False, "stop_token_ids": [IM_END]}
-    params = {"min_new_tokens": MIN_NEW_TOKENS, **stop}
-    free = baseline_server.greedy_ids(prompts, NEW_TOKENS, **stop)
-    expected = baseline_server.greedy_ids(prompts, NEW_TOKENS, **params)
-    got = sp_server.greedy_ids(prompts, NEW_TOKENS, **params)
-    cmp = compare_outputs(model_dir, prompts, expected, got)
+def test_min_new_tokens_equals_plain_sglang(runs, model_dir):
+    parts, expected, got, _, _, free = runs
+    prompts, want, have = (
+        parts["min_new_tokens"][0],
+        expected["min_new_tokens"],
+        got["min_new_tokens"],
+    )
+    cmp = compare_outputs(model_dir, prompts, want, have)
     print("min_new_tokens: SP PP=2 vs plain PP=1:", cmp.summary())
-    print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in got])
+    print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in have])
     assert cmp.all_identical, cmp.summary()
     # the prompts really stop early without it, and not before MIN_NEW_TOKENS with it
     assert sum(len(x) < MIN_NEW_TOKENS for x in free) >= 2
-    assert all(len(x) >= MIN_NEW_TOKENS for x in got)
-    assert any(len(x) < NEW_TOKENS for x in got)  # EOS is allowed again afterwards
+    assert all(len(x) >= MIN_NEW_TOKENS for x in have)
+    assert any(len(x) < NEW_TOKENS for x in have)  # EOS is allowed again afterwards
 
 
-def test_mixed_batch_equals_plain_sglang(servers, model_dir):
+def test_mixed_batch_equals_plain_sglang(runs, model_dir):
     """Penalised and plain requests share SP's batches; each gets its own parameters."""
-    baseline_server, sp_server = servers
-    prompts = lossless_prompts(model_dir, 8)
-    per_prompt = [
-        {},
-        PENALTIES[0],
-        PENALTIES[1],
-        PENALTIES[2],
-        {"min_new_tokens": MIN_NEW_TOKENS, "stop_token_ids": [IM_END]},
-        {"frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1},
-        {},
-        {"frequency_penalty": -0.4},
-    ]
-    sampling = [
-        {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True, **p}
-        for p in per_prompt
-    ]
-
-    def run(server):
-        out = server.generate({"input_ids": prompts, "sampling_params": sampling})
-        return [o["output_ids"] for o in out]
-
-    expected, got = run(baseline_server), run(sp_server)
-    cmp = compare_outputs(model_dir, prompts, expected, got)
+    parts, expected, got, _, _, _ = runs
+    cmp = compare_outputs(model_dir, parts["mixed"][0], expected["mixed"], got["mixed"])
     print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
 

@@ -116,8 +116,8 @@ def test_artifact_records_what_it_belongs_to(models, tmp_path):
 
 
 def _launch(argv, monkeypatch):
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
         monkeypatch.setenv(name, "")

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from spexis_sglang.srt import launch as launch_server
 from spexis_sglang.bundled import ARTIFACTS_DIR, bundled_draft_head
 from spexis_sglang.default_model import ensure_default_model
+from spexis_sglang.srt import launch as launch_server
 
 HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
 
@@ -144,8 +144,8 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
 )
 def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
     """A numeric alpha works as before; 'auto' turns the online choice on."""
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
         monkeypatch.setenv(name, "")
@@ -167,8 +167,8 @@ def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
 )
 def test_fixed_alpha_observes_every_kth_iteration(extra, expected, monkeypatch):
     """A fixed alpha's observer samples iterations (default 8); the config carries K."""
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
         monkeypatch.setenv(name, "")
@@ -266,8 +266,8 @@ def test_float64_mode_sets_the_model_dtype_on_every_kind_of_server():
     import torch
     from sglang.srt.configs.model_config import _get_and_verify_dtype
 
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.hooks import register_float64_dtype
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for extra in ([], ["--spexis-draft-head", "bundled"]):
         argv = ["--model-path", ensure_default_model(), "--pp-size", "2", "--device", "cpu"]
@@ -313,8 +313,8 @@ def _graph_args(max_bs, backend="full", pp=2, device="cuda", max_running=None):
 def test_sp_sizes_decode_graphs_for_its_full_batch():
     """SP runs all B rows per iteration, stock PP B/N: SGLang's default graph limit is raised
     N-fold (capped), unless the user sized the graphs, graphs are off, or SP is off."""
-    from spexis_sglang.srt.launch import SP_GRAPH_MAX_BS_CAP, sp_graph_max_bs
     from spexis_sglang.srt.config import SpexisConfig
+    from spexis_sglang.srt.launch import SP_GRAPH_MAX_BS_CAP, sp_graph_max_bs
 
     sp, plain = SpexisConfig(draft_head="random:0"), SpexisConfig()
     assert sp_graph_max_bs([], _graph_args(256), sp) == 512
@@ -410,8 +410,8 @@ def test_every_server_gets_the_queue_limit_and_the_bundled_model_its_clean_name(
     ],
 )
 def test_request_limits_reach_the_config(extra, expected, monkeypatch):
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
         monkeypatch.setenv(name, "")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spexis_sglang.srt import launch as launch_server
 from spexis_sglang.core.length_oracle import PRESETS
 from spexis_sglang.default_model import ensure_default_model
+from spexis_sglang.srt import launch as launch_server
 from spexis_sglang.srt.sp_length_oracle import shipped_predictor_quality
 
 SP = ["--pp-size", "2", "--spexis-draft-head", "random:0"]
@@ -53,8 +53,8 @@ def test_bad_length_oracle_flags_are_refused(argv, message, capsys):
     ],
 )
 def test_oracle_with_lookahead_admission_reaches_the_schedulers(spec, want, monkeypatch):
-    from spexis_sglang.srt.launch import prepare_server_args
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+    from spexis_sglang.srt.launch import prepare_server_args
 
     for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
         monkeypatch.setenv(name, "")

@@ -584,13 +584,13 @@ def _check_stage0_artifact(
 ):
     """An artifact of ``kind`` read at stage 0's exit: same base model, same exit layer, and
     (``check_weights``) an intact weights file whose tensors fit the module."""
-    from spexis_sglang.srt.config import stage0_end_layer
     from spexis_sglang.models.artifact import (
         ArtifactMismatchError,
         check_compatible,
         check_weights_fingerprint,
         read_artifact_config,
     )
+    from spexis_sglang.srt.config import stage0_end_layer
 
     try:
         cfg = read_artifact_config(path)
@@ -764,7 +764,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
-
 
 
 DRAFT_HEAD_PROG = "python -m spexis_sglang.draft_head_server"
