@@ -378,7 +378,6 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
             draft_head="random:0", alpha=alpha, log_interval=0, force_accept=force_accept
         )
         self.sp = None
-        self.sp_length_oracle = None
         self.theta = theta
         self.max_running = self.max_running_requests = max_running
         self.kv_headroom = kv_headroom
@@ -458,7 +457,7 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
         self.expected_sequence: Dict[str, List[int]] = {}
         self.sp_link = None
         self.init_sp_state()
-        self.sp_nothing_queued = None
+        self.sp.nothing_queued = None
 
     def _receive(self) -> list:
         out, self.inbox = self.inbox, []

@@ -219,7 +219,7 @@ class SPBatchMixin:
         if not batch.has_grammar:
             return
         last = self.pp_group.is_last_rank
-        if not (last or self.sp_grammar_draft_mask):
+        if not (last or self.sp.grammar_draft_mask):
             return
         if batch.sampling_info is None:  # stage 0: the draft head reads the mask from it
             batch.sampling_info = SPSamplingBatchInfo.from_schedule_batch(
@@ -234,7 +234,7 @@ class SPBatchMixin:
             lambda i: self.sp.slots.draft_tokens(slots[i]),
             vocab_size=self.model_config.vocab_size,
             sampling_rank=last,
-            draft_rank=self.sp_grammar_draft_mask,
+            draft_rank=self.sp.grammar_draft_mask,
         )
 
     def sp_set_penalties(self: SpexisScheduler, batch: ScheduleBatch) -> None:

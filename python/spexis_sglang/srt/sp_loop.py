@@ -192,7 +192,7 @@ class SPLoopMixin:
 
     def _sp_recv_requests(self: SpexisScheduler) -> Tuple[list, Optional[SpexisPlan]]:
         """This iteration's requests, and stage 0's plan (later stages)."""
-        nothing_queued = self.sp_nothing_queued
+        nothing_queued = self.sp.nothing_queued
         if nothing_queued is not None and nothing_queued():
             return [], None  # what recv_requests returns then, without its ~0.1 ms
         recv_reqs = self.request_receiver.recv_requests()
@@ -213,7 +213,7 @@ class SPLoopMixin:
         node the relay goes over a local zmq pipe (``relay.py``), not gloo."""
         if self.pp_group.is_last_rank:
             return
-        relay = self.sp_relay
+        relay = self.sp.relay
         if relay is not None and relay.sends:
             relay.send(relay_payload(recv_reqs, plan_out))
             return

@@ -61,7 +61,7 @@ class SPMixedMixin:
         """Every running request's rows may ride along a prefill chunk (mirrored state: every
         rank answers alike)."""
         sp = self.sp
-        if not self.sp_mixed_chunk or not sp.running.reqs:
+        if not self.sp.mixed_chunk or not sp.running.reqs:
             return False
         return bool(sp.mixable[self._sp_running_slots()].all())
 

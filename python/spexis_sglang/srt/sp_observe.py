@@ -19,18 +19,18 @@ class SPObserveMixin:
 
     def sp_maybe_log(self: SpexisScheduler) -> None:
         stats = self.sp.stats
-        if self.sp_metrics is not None and stats.decode_iterations:
-            self.sp_metrics.update(stats)
+        if self.sp.metrics is not None and stats.decode_iterations:
+            self.sp.metrics.update(stats)
         interval = self.spexis_config.log_interval
         if interval <= 0 or not self.sp.rank0:
             return
         now = time.monotonic()
-        if now - self.sp_last_log < interval:
+        if now - self.sp.last_log < interval:
             return
-        if stats.decode_iterations == self.sp_last_logged_iterations:
+        if stats.decode_iterations == self.sp.last_logged_iterations:
             return  # nothing new to say (idle)
-        self.sp_last_log = now
-        self.sp_last_logged_iterations = stats.decode_iterations
+        self.sp.last_log = now
+        self.sp.last_logged_iterations = stats.decode_iterations
         logger.info(
             "".join(f"[BENCHMARK {m.replace('_', ' ')}] " for m in self._sp_benchmark_modes())
             + "Spexis: acceptance %.3f, tokens/row %.3f, rows/iter %.1f, tokens/iter %.2f, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -219,6 +219,30 @@ class SPLoopState:
     admissions_delayed: Set[str] = field(default_factory=set)
     #: our record of each batch in flight, by ``id`` of SGLang's batch (see SPBatch)
     batches: Dict[int, SPBatch] = field(default_factory=dict)
+
+    # -- set once when the loop starts (init_sp_state) --
+    #: the device redoes the rows whose chain the transit batch rejects (where the attention
+    #: backend reads the batch's lengths on the device; elsewhere they go stale)
+    redo_rows: bool = False
+    #: --enable-mixed-chunk: SP rows ride along prefill chunks (sp_mixed)
+    mixed_chunk: bool = False
+    #: stage 0 masks the drafts with the rows' grammars (sp_grammar)
+    grammar_draft_mask: bool = False
+    #: stage 0's Prometheus gauges (--enable-metrics)
+    metrics: Optional[Any] = None
+    #: stage 0: whether SGLang's request sockets hold nothing (request_poll)
+    nothing_queued: Optional[Callable[[], bool]] = None
+    #: the relay between stages over a local zmq pipe (relay; None: SGLang's gloo relay)
+    relay: Optional[Any] = None
+    #: stage 0: the draft trace (SPEXIS_DRAFT_LOG; profiling)
+    draft_log: Optional[Any] = None
+    #: stage 0, benchmark only: length buckets from the truth (--spexis-benchmark-length-oracle)
+    length_oracle: Optional[Any] = None
+    #: look-ahead admission's gate (None: SGLang's admission)
+    admission_gate: Optional[Any] = None
+    #: the periodic log line: when it was written, at which decode iteration
+    last_log: float = 0.0
+    last_logged_iterations: int = 0
 
     @property
     def stats(self) -> SPStats:

@@ -114,7 +114,6 @@ class SpexisScheduler(
     def __init__(self, *args, **kwargs):
         self.spexis_config: SpexisConfig = get_config()
         self.sp: Optional[SPLoopState] = None
-        self.sp_length_oracle = None  # set by init_sp_state on stage 0 (benchmark only)
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ set-up
@@ -267,8 +266,8 @@ class SpexisScheduler(
             ret.internal_state["spexis"] = spexis_state(self.sp.stats, self.sp.phases)
             if self.sp.alpha is not None:
                 ret.internal_state["spexis_alpha"] = self.sp.alpha.as_dict()
-            if self.sp_length_oracle is not None:
-                ret.internal_state[LENGTH_ORACLE_LABEL] = self.sp_length_oracle.as_dict()
+            if self.sp.length_oracle is not None:
+                ret.internal_state[LENGTH_ORACLE_LABEL] = self.sp.length_oracle.as_dict()
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()

@@ -105,8 +105,8 @@ class SPSetupMixin:
         # are fixed up too): otherwise such rows simply go stale.
         backend = getattr(self.tp_worker.model_runner, "attn_backend", None)
         on_cpu = torch.device(device).type == "cpu"
-        self.sp_redo_rows = on_cpu or not getattr(backend, "needs_cpu_seq_lens", True)
-        if not self.sp_redo_rows:
+        self.sp.redo_rows = on_cpu or not getattr(backend, "needs_cpu_seq_lens", True)
+        if not self.sp.redo_rows:
             logger.warning(
                 "Spexis: the attention backend %s reads sequence lengths on the host; rows "
                 "built on a draft the transit batch rejects are not redone on the device "
@@ -117,46 +117,43 @@ class SPSetupMixin:
             self.sp.alpha.update_stats(self.sp.stats)
         # --enable-mixed-chunk: SP rows ride along prefill chunks (sp_mixed); SGLang's own
         # mixing, which would merge its running batch, stays off
-        self.sp_mixed_chunk = bool(self.is_mixed_chunk)
+        self.sp.mixed_chunk = bool(self.is_mixed_chunk)
         self.is_mixed_chunk = False
         # Stock abort handling scans running_mbs and mbs for in-flight requests.
         self.running_mbs = [self.sp.running] * self.pp_loop_size
-        self.sp_last_log = time.monotonic()
-        self.sp_last_logged_iterations = 0
-        self.sp_metrics = None
+        self.sp.last_log = time.monotonic()
         if self.sp.rank0 and get_observability().enable_metrics:
             from spexis_sglang.srt.metrics import SpexisMetrics
 
-            self.sp_metrics = SpexisMetrics(
+            self.sp.metrics = SpexisMetrics(
                 self.metrics_collector.labels, benchmark_modes=self._sp_benchmark_modes()
             )
         # stage 0: skip SGLang's receive when its sockets hold nothing (request_poll)
-        self.sp_nothing_queued = nothing_queued_check(
+        self.sp.nothing_queued = nothing_queued_check(
             self.request_receiver,
             dp_attention=bool(get_parallel().enable_dp_attention),
             mm_waiting=receives_multimodal_waiting(),
         )
         # the relay between stages over a local zmq pipe where it can be (relay.py)
-        self.sp_relay = open_local_relay(self)
-        if self.sp_relay is not None and self.sp_relay.incoming is not None:
+        self.sp.relay = open_local_relay(self)
+        if self.sp.relay is not None and self.sp.relay.incoming is not None:
             self.request_receiver = PipeRequestReceiver.wrapping(
-                self.request_receiver, self.sp_relay.incoming
+                self.request_receiver, self.sp.relay.incoming
             )
         draft_log = env_value(ENV_DRAFT_LOG)
-        self.sp_draft_log = (
+        self.sp.draft_log = (
             DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
         )
         # benchmark only (--spexis-benchmark-length-oracle): stage 0's buckets from the truth
-        self.sp_length_oracle = None
         if self.sp.rank0:
-            self.sp_length_oracle = make_length_oracle(
+            self.sp.length_oracle = make_length_oracle(
                 cfg.length_oracle, capacity, self.server_args.random_seed or 0
             )
-        if self.sp_length_oracle is not None:
-            logger.warning(self.sp_length_oracle.log_line())
-        self.sp_admission_gate = self._sp_make_admission_gate()
+        if self.sp.length_oracle is not None:
+            logger.warning(self.sp.length_oracle.log_line())
+        self.sp.admission_gate = self._sp_make_admission_gate()
         # constrained decoding: stage 0 masks the drafts with the rows' grammars (sp_grammar)
-        self.sp_grammar_draft_mask = self.sp.rank0 and sp_grammar.draft_masking_enabled(
+        self.sp.grammar_draft_mask = self.sp.rank0 and sp_grammar.draft_masking_enabled(
             self.spexis_config, self.server_args
         )
 
