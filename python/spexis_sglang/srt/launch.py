@@ -723,10 +723,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         argv = prepare_argv(argv, on_cpu)
-    except LaunchError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # the default model could not be built
+    except Exception as e:  # a LaunchError, or the default model could not be built
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -740,9 +737,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dumps({"cpu": on_cpu, "argv": argv, "spexis": spexis_config.__dict__}),
     )
 
-    from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.utils import kill_process_tree
-
     from spexis_sglang.srt.hooks import (
         fork_subprocesses_on_cpu,
         install,
@@ -754,13 +748,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     install_http_guard(spexis_config)
     if on_cpu:
         fork_subprocesses_on_cpu()
+    return _serve(
+        server_args,
+        # refuses out-of-vocabulary token ids with a 400 before they reach a scheduler
+        init_tokenizer_manager_func=init_spexis_tokenizer_manager,
+        run_scheduler_process_func=run_spexis_scheduler_process,
+    )
+
+
+def _serve(server_args, **process_funcs) -> int:
+    """SGLang's HTTP server with our process functions; its child processes end with it."""
+    from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.utils import kill_process_tree
+
     try:
-        launch_server(
-            server_args,
-            # refuses out-of-vocabulary token ids with a 400 before they reach a scheduler
-            init_tokenizer_manager_func=init_spexis_tokenizer_manager,
-            run_scheduler_process_func=run_spexis_scheduler_process,
-        )
+        launch_server(server_args, **process_funcs)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
@@ -787,15 +789,9 @@ def draft_head_main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:
         print(f"{DRAFT_HEAD_PROG}: error: {e}", file=sys.stderr)
         return 2
-    from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args as sglang_prepare_server_args
-    from sglang.srt.utils import kill_process_tree
 
     from spexis_sglang.srt.draft_runner import run_draft_head_scheduler_process
 
     server_args = sglang_prepare_server_args(argv)
-    try:
-        launch_server(server_args, run_scheduler_process_func=run_draft_head_scheduler_process)
-    finally:
-        kill_process_tree(os.getpid(), include_parent=False)
-    return 0
+    return _serve(server_args, run_scheduler_process_func=run_draft_head_scheduler_process)
