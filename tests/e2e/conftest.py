@@ -76,29 +76,52 @@ def make_room(min_available: int = MIN_AVAILABLE_BYTES) -> None:
             _servers.pop(key).stop()
 
 
+# what a server that is still starting may yet take (the default model's PP=2 float64 server
+# peaks near 4 GiB across its processes; MIN_AVAILABLE_BYTES keeps room for one more)
+STARTING_SERVER_BYTES = 4 * 2**30
+
+
+def _reservations_dir() -> Optional[str]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return os.path.join(tempfile.gettempdir(), f"spexis-test-server-starts-{run}") if run else None
+
+
+def _live_reservations(folder: str) -> List[str]:
+    """Reservations of servers other workers are starting (a dead worker's are ignored)."""
+    names = [n for n in os.listdir(folder) if n.isdigit() and int(n) != os.getpid()]
+    return [n for n in names if psutil.pid_exists(int(n))]
+
+
 @contextlib.contextmanager
 def start_lock():
-    """Held while a server starts (memory check, launch, warm-up). Under pytest-xdist the
-    workers start their servers one at a time, so each one's memory check sees the servers the
-    other has just started (two float64 servers starting at once could exhaust memory);
-    without xdist it does nothing."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
+    """Room for a server about to start, kept while it starts. Under pytest-xdist the workers
+    start servers at the same time, but each one's memory check counts the servers the other
+    workers are still starting (reserved in a shared folder under a brief file lock), so two
+    float64 servers starting at once cannot exhaust memory; without xdist it makes room."""
+    folder = _reservations_dir()
+    if folder is None:
+        make_room()
         yield
         return
-    path = os.path.join(tempfile.gettempdir(), f"spexis-test-server-start-{run}.lock")
-    with open(path, "a") as f:
+    os.makedirs(folder, exist_ok=True)
+    mine = os.path.join(folder, str(os.getpid()))
+    with open(os.path.join(folder, "lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            starting = len(_live_reservations(folder))
+            make_room(MIN_AVAILABLE_BYTES + starting * STARTING_SERVER_BYTES)
+            open(mine, "w").close()
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        os.unlink(mine)
 
 
 def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> ServerProcess:
     """A new test server (exact mode, the suite's environment), started once there is room."""
     with start_lock():
-        make_room()
         return ServerProcess(exact(args), env=server_env(env), die_with_parent=True).wait_ready()
 
 

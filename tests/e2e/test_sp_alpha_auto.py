@@ -19,10 +19,10 @@ AUTO = ["--spexis-alpha", "auto", "--spexis-alpha-interval", "10", "--enable-met
 
 
 def test_alpha_auto_greedy_equals_plain_and_alpha_is_reported(server_factory, model_dir):
-    prompts = lossless_prompts(model_dir, 16)
-    expected = server_factory(BASELINE).greedy_ids(prompts, 64)
+    prompts = lossless_prompts(model_dir, 12)
+    expected = server_factory(BASELINE).greedy_ids(prompts, 48)
     sp_server = server_factory(sp_args(2, "bundled", *AUTO))
-    got = sp_server.greedy_ids(prompts, 64)
+    got = sp_server.greedy_ids(prompts, 48)
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("default model, PP=2 SP alpha auto vs PP=1 plain:", cmp.summary())
 

@@ -13,7 +13,7 @@ import pytest
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import ServerProcess, free_port
 
-from .conftest import exact, make_room, server_env, start_lock
+from .conftest import exact, server_env, start_lock
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -28,7 +28,6 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     node0 = node1 = None
     try:
         with start_lock():
-            make_room()
             # no HTTP API: stage 1 only
             node1 = ServerProcess(
                 args + ["--node-rank", "1"], env=server_env(), die_with_parent=True
