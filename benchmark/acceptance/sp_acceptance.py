@@ -26,9 +26,9 @@ from spexis_sglang.cpu_support import activate
 activate()
 
 
-from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.core.cost_model import b_eff_star  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
+from spexis_sglang.srt.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess, recorded_args, repo_relative  # noqa: E402
 

@@ -45,9 +45,9 @@ activate()
 
 import psutil  # noqa: E402
 
-from spexis_sglang.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.cpu_support import cuda_available  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
+from spexis_sglang.srt.bundled import bundled_draft_head  # noqa: E402
 from spexis_sglang.testing import ServerProcess, count_retractions, recorded_args  # noqa: E402
 
 #: decode latency per iteration on this CPU, T(rows) = a + b * rows seconds, measured in

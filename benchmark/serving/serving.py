@@ -134,7 +134,7 @@ def chosen_alpha(draft_head: str, model_path: str, pp_size: int) -> float:
         )
     path = draft_head
     if draft_head == "bundled":
-        from spexis_sglang.bundled import bundled_draft_head
+        from spexis_sglang.srt.bundled import bundled_draft_head
 
         path = bundled_draft_head(model_path, pp_size)
     with open(os.path.join(path, "config.json")) as f:

@@ -93,7 +93,7 @@ def _live_reservations(folder: str) -> List[str]:
 
 
 @contextlib.contextmanager
-def start_lock():
+def room_to_start():
     """Room for a server about to start, kept while it starts. Under pytest-xdist the workers
     start servers at the same time, but each one's memory check counts the servers the other
     workers are still starting (reserved in a shared folder under a brief file lock), so two
@@ -121,7 +121,7 @@ def start_lock():
 
 def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> ServerProcess:
     """A new test server (exact mode, the suite's environment), started once there is room."""
-    with start_lock():
+    with room_to_start():
         return ServerProcess(exact(args), env=server_env(env), die_with_parent=True).wait_ready()
 
 

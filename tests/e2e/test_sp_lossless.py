@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import requests
 
-from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
 from spexis_sglang.cpu_support import cuda_available
+from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import SPEXIS_RETRACT_LINE
 

@@ -13,7 +13,7 @@ import pytest
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import ServerProcess, free_port
 
-from .conftest import exact, server_env, start_lock
+from .conftest import exact, room_to_start, server_env
 from .prompts import lossless_prompts
 from .test_sp_lossless import BASELINE, sp_args, spexis_stats, trained_head  # noqa: F401
 
@@ -27,7 +27,7 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
     args = exact(sp_args(2, trained_head, *dist))
     node0 = node1 = None
     try:
-        with start_lock():
+        with room_to_start():
             # no HTTP API: stage 1 only
             node1 = ServerProcess(
                 args + ["--node-rank", "1"], env=server_env(), die_with_parent=True

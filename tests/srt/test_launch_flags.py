@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from spexis_sglang.bundled import ARTIFACTS_DIR, bundled_draft_head
 from spexis_sglang.default_model import ensure_default_model
 from spexis_sglang.srt import launch as launch_server
+from spexis_sglang.srt.bundled import ARTIFACTS_DIR, bundled_draft_head
 
 HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
 

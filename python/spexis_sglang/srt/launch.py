@@ -409,7 +409,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             "(admissions, dropped drafts) with the requests in the iteration it was made for"
         )
     if head == "bundled":
-        from spexis_sglang.bundled import BundledHeadError, bundled_draft_head
+        from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head
 
         try:
             head = bundled_draft_head(server_args.model_path, server_args.pp_size)
@@ -537,7 +537,7 @@ def resolve_length_predictor(value: str, server_args) -> str:
     """The predictor's artifact directory, checked against the model and stage 0's depth."""
     where = f"--spexis-length-predictor {value}"
     if value == "bundled":
-        from spexis_sglang.bundled import BundledHeadError, bundled_length_predictor
+        from spexis_sglang.srt.bundled import BundledHeadError, bundled_length_predictor
 
         try:
             path = bundled_length_predictor(server_args.model_path)

@@ -57,7 +57,7 @@ _STREAM = 0x4C454E
 def shipped_predictor_quality() -> OracleQuality:
     """``ours``: the precision and recall the shipped predictor's cutoffs reached on the
     validation split (its artifact's ``extra.precision`` / ``extra.recall``)."""
-    from spexis_sglang.bundled import ARTIFACTS_DIR
+    from spexis_sglang.srt.bundled import ARTIFACTS_DIR
 
     path = os.path.join(ARTIFACTS_DIR, SHIPPED_PREDICTOR, "config.json")
     with open(path) as f:

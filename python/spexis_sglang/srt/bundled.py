@@ -13,7 +13,9 @@ from typing import List
 
 from spexis_sglang.srt.config import stage0_end_layer
 
-ARTIFACTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "artifacts")
+ARTIFACTS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts"
+)
 # config fingerprints are checked at load time; here we only need to find the folder
 _MODEL_FOLDERS = {"smollm2-135m-instruct": "smollm2-135m-instruct"}
 
