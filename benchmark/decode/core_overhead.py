@@ -39,13 +39,8 @@ from typing import Callable
 
 import numpy as np
 
-from spexis_sglang.core import (
-    AdmissionPlanner,
-    LookaheadModel,
-    SPState,
-    lookahead_theta,
-    select_drops,
-)
+from spexis_sglang.core import AdmissionPlanner, LookaheadModel, lookahead_theta, select_drops
+from spexis_sglang.core.sp_state import SPState
 
 N_STAGES = 2
 THETA_ALPHA = 0.85

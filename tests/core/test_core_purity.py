@@ -43,3 +43,18 @@ def test_importing_core_loads_neither_torch_nor_sglang() -> None:
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_server_imports_neither_the_oracle_nor_the_simulations() -> None:
+    """``sp_state`` (slot_state's test oracle) and ``simulation`` stay out of the import path
+    of everything the server imports from core."""
+    code = (
+        "import sys, spexis_sglang.core, spexis_sglang.core.slot_state; "
+        "bad = sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] in "
+        "('sp_state', 'simulation')); print(bad); assert not bad"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr

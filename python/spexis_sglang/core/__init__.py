@@ -12,10 +12,11 @@ What the scheduler decides, and nothing about how SGLang is made to do it:
   alpha chooser.
 * :mod:`.online_alpha` — the chooser's inputs measured while serving, alpha re-chosen
   every few iterations (``--spexis-alpha auto``).
-* :mod:`.sp_state` — per-request epoch bookkeeping of speculative rows.
-* :mod:`.slot_state` — the same bookkeeping in numpy arrays by request slot, a batch per call
-  (the scheduler's hot path; ``SPState`` is its test oracle).
-* :mod:`.simulation` — brute-force simulations that check all of the above.
+* :mod:`.slot_state` — per-request epoch bookkeeping of speculative rows, in numpy arrays by
+  request slot, a batch per call (the scheduler's hot path).
+* :mod:`.sp_state` — the same bookkeeping one request at a time: ``slot_state``'s test oracle,
+  never imported by the server (``import spexis_sglang.core.sp_state``).
+* :mod:`.simulation` — brute-force simulations that check all of the above (tests only).
 * :mod:`.length_oracle` — benchmark only: remaining-length buckets from the true length,
   degraded to a stated precision / recall per threshold (``--spexis-benchmark-length-oracle``).
 * :mod:`.row_hash` — the per-row uniform draws of the benchmark-only modes.
@@ -66,7 +67,7 @@ from .selection import (
     select_drops,
 )
 from .slot_state import Results, Rows, SlotState, SlotStateError, SlotStatus, Verdict
-from .sp_state import Outcome, RowPlan, SPProtocolError, SPState
+from .sp_outcome import Outcome, SPProtocolError
 from .sp_stats import SPStats
 
 __all__ = [
@@ -86,10 +87,8 @@ __all__ = [
     "ProfileError",
     "RankAcceptanceProfile",
     "Results",
-    "RowPlan",
     "Rows",
     "SPProtocolError",
-    "SPState",
     "SPStats",
     "SlotState",
     "SlotStateError",

@@ -82,7 +82,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .selection import select_drops
-from .sp_state import Outcome, SPProtocolError
+from .sp_outcome import Outcome, SPProtocolError
 from .sp_stats import SPStats
 
 __all__ = ["NO_LIMIT", "Results", "Rows", "SlotState", "SlotStateError", "SlotStatus", "Verdict"]

@@ -58,34 +58,16 @@ Typical driving sequence per iteration (SGLang scheduler on stage 0)::
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from typing import Hashable, Iterable, NamedTuple
 
+from .sp_outcome import Outcome, SPProtocolError
 from .sp_stats import SPStats
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Outcome", "RowPlan", "SPProtocolError", "SPState", "SPStats"]
-
-
-class SPProtocolError(RuntimeError):
-    """The caller broke the protocol (e.g. launched a row that :meth:`SPState.next_row` would not)."""
-
-
-class Outcome(enum.Enum):
-    """What a returning row's true token meant for its request."""
-
-    #: The token confirms the draft the next in-flight row was built on.
-    ACCEPTED = "accepted"
-    #: The token contradicts that draft: the epoch was bumped, in-flight rows are stale.
-    REJECTED = "rejected"
-    #: The token was committed and no speculative row depended on it (normal decoding, or
-    #: the request's draft was dropped / not launched yet).
-    APPENDED = "appended"
-    #: The row belongs to an old epoch or to a removed / unknown request: ignore its result.
-    STALE = "stale"
 
 
 class RowPlan(NamedTuple):
