@@ -62,10 +62,11 @@ def servers(server_factory, trained_head):  # noqa: F811
     )
 
 
-# The three batches below (each penalty on the same prompts; short answers under
-# min_new_tokens; penalised and plain requests side by side) run as one request on each server
-# (float64: a request's output does not depend on the batch it shares); each test checks its
-# part.
+# The four batches below (each penalty on the same prompts; short answers under
+# min_new_tokens; penalised and plain requests side by side; reasoning tokens counted) run as
+# one request on each server (float64: a request's output does not depend on the batch it
+# shares; ``require_reasoning``, a request-wide flag, changes nothing but the counts on
+# ``/generate`` without a grammar); each test checks its part.
 MIXED_PARAMS = [
     {},
     PENALTIES[0],
@@ -85,6 +86,8 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
     greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}
     prompts = lossless_prompts(model_dir, 8)
     short = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
+    reasoning = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
+    reasoning += lossless_prompts(model_dir, 4)
     return {
         "penalties": (
             [p for _ in PENALTIES for p in prompts],
@@ -95,21 +98,24 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
             [{**greedy, **STOP, "min_new_tokens": MIN_NEW_TOKENS} for _ in short],
         ),
         "mixed": (prompts, [{**greedy, "ignore_eos": True, **q} for q in MIXED_PARAMS]),
+        "reasoning": (reasoning, [{**greedy, "stop_token_ids": [IM_END]} for _ in reasoning]),
     }
 
 
-def _run(server, parts) -> Dict[str, List[List[int]]]:
-    """Every part's requests in one batch; output ids per part."""
+def _run(server, parts) -> Dict[str, List[dict]]:
+    """Every part's requests in one batch; the outputs per part."""
     prompts = [p for ps, _ in parts.values() for p in ps]
     sampling = [q for _, qs in parts.values() for q in qs]
-    out = [
-        o["output_ids"]
-        for o in server.generate({"input_ids": prompts, "sampling_params": sampling})
-    ]
+    payload = {"input_ids": prompts, "sampling_params": sampling, "require_reasoning": True}
+    out = server.generate(payload)
     got, at = {}, 0
     for name, (ps, _) in parts.items():
         got[name], at = out[at : at + len(ps)], at + len(ps)
     return got
+
+
+def _ids(outputs: List[dict]) -> List[List[int]]:
+    return [o["output_ids"] for o in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -131,24 +137,22 @@ def runs(servers, model_dir):
 def test_greedy_with_penalties_equals_plain_sglang(runs, model_dir):
     """Each penalty on the same prompts."""
     parts, expected, got, stats, unpenalized, _ = runs
-    cmp = compare_outputs(model_dir, parts["penalties"][0], expected["penalties"], got["penalties"])
+    expected_ids = _ids(expected["penalties"])
+    cmp = compare_outputs(model_dir, parts["penalties"][0], expected_ids, _ids(got["penalties"]))
     print("penalties: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
     # each penalty changes the output (so SP applied it), and SP speculated meanwhile
     n = len(unpenalized)
     for k, params in enumerate(PENALTIES):
-        penalized = expected["penalties"][k * n : (k + 1) * n]
+        penalized = expected_ids[k * n : (k + 1) * n]
         assert sum(a != b for a, b in zip(penalized, unpenalized)) >= 2, params
     assert stats["rows_spec"] > 0 and stats["rejected"] > 0
 
 
 def test_min_new_tokens_equals_plain_sglang(runs, model_dir):
     parts, expected, got, _, _, free = runs
-    prompts, want, have = (
-        parts["min_new_tokens"][0],
-        expected["min_new_tokens"],
-        got["min_new_tokens"],
-    )
+    prompts = parts["min_new_tokens"][0]
+    want, have = _ids(expected["min_new_tokens"]), _ids(got["min_new_tokens"])
     cmp = compare_outputs(model_dir, prompts, want, have)
     print("min_new_tokens: SP PP=2 vs plain PP=1:", cmp.summary())
     print("lengths without / with min_new_tokens:", [len(x) for x in free], [len(x) for x in have])
@@ -162,31 +166,18 @@ def test_min_new_tokens_equals_plain_sglang(runs, model_dir):
 def test_mixed_batch_equals_plain_sglang(runs, model_dir):
     """Penalised and plain requests share SP's batches; each gets its own parameters."""
     parts, expected, got, _, _, _ = runs
-    cmp = compare_outputs(model_dir, parts["mixed"][0], expected["mixed"], got["mixed"])
+    cmp = compare_outputs(model_dir, parts["mixed"][0], _ids(expected["mixed"]), _ids(got["mixed"]))
     print("mixed batch: SP PP=2 vs plain PP=1:", cmp.summary())
     assert cmp.all_identical, cmp.summary()
 
 
-def test_reasoning_tokens_equal_plain_sglang(servers, model_dir):
+def test_reasoning_tokens_equal_plain_sglang(runs, model_dir):
     """``require_reasoning`` requests count the tokens before the parser's end-of-thinking
     marker (``</think>``) per emitted token in SGLang: under SP per verified token, never a
     rejected draft, so the counts equal plain SGLang's."""
-    baseline_server, sp_server = servers
-    prompts = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
-    prompts += lossless_prompts(model_dir, 4)
-    payload = {
-        "input_ids": prompts,
-        "require_reasoning": True,
-        "sampling_params": {
-            "temperature": 0.0,
-            "max_new_tokens": NEW_TOKENS,
-            "stop_token_ids": [IM_END],
-        },
-    }
-    expected, got = baseline_server.generate(payload), sp_server.generate(payload)
-    cmp = compare_outputs(
-        model_dir, prompts, [o["output_ids"] for o in expected], [o["output_ids"] for o in got]
-    )
+    parts, expected, got, _, _, _ = runs
+    expected, got = expected["reasoning"], got["reasoning"]
+    cmp = compare_outputs(model_dir, parts["reasoning"][0], _ids(expected), _ids(got))
     assert cmp.all_identical, cmp.summary()
     counts = [o["meta_info"]["reasoning_tokens"] for o in expected]
     print("reasoning tokens (plain):", counts, "of", [len(o["output_ids"]) for o in expected])
