@@ -32,29 +32,31 @@ def test_core_sources_import_only_stdlib_and_numpy() -> None:
                 assert ok, f"{path.name} imports {name}"
 
 
-def test_importing_core_loads_neither_torch_nor_sglang() -> None:
+def _assert_fresh_import_loads_none(imports: str, condition: str) -> None:
+    """In a fresh interpreter, after ``import <imports>``, no loaded module ``m`` satisfies
+    ``condition``."""
     code = (
-        "import sys, spexis_sglang.core, spexis_sglang.plan; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'sglang', 'transformers', 'triton')); print(bad); assert not bad"
+        f"import sys, {imports}; "
+        f"bad = sorted(m for m in sys.modules if {condition}); print(bad); assert not bad"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_importing_core_loads_neither_torch_nor_sglang() -> None:
+    _assert_fresh_import_loads_none(
+        "spexis_sglang.core, spexis_sglang.plan",
+        "m.split('.')[0] in ('torch', 'sglang', 'transformers', 'triton')",
+    )
 
 
 def test_the_server_imports_neither_the_oracle_nor_the_simulations() -> None:
     """``sp_state`` (slot_state's test oracle) and ``simulation`` stay out of the import path
     of everything the server imports from core."""
-    code = (
-        "import sys, spexis_sglang.core, spexis_sglang.core.slot_state; "
-        "bad = sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] in "
-        "('sp_state', 'simulation')); print(bad); assert not bad"
+    _assert_fresh_import_loads_none(
+        "spexis_sglang.core, spexis_sglang.core.slot_state",
+        "m.rsplit('.', 1)[-1] in ('sp_state', 'simulation')",
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
