@@ -383,17 +383,17 @@ def test_every_server_gets_the_queue_limit_and_the_bundled_model_its_clean_name(
 
     for argv in ([], ["--model-path", ensure_default_model()]):
         got = launch_server.prepare_argv(argv, on_cpu=False)
-        assert launch_server._flag_value(got, ("--served-model-name",)) == (
+        assert launch_server.flag_value(got, ("--served-model-name",)) == (
             True,
             "smollm2-135m-instruct",
         )
-        assert launch_server._flag_value(got, ("--max-queued-requests",)) == (True, "1024")
-        assert launch_server._flag_value(got, ("--model-path",))[1] == default_model_dir()
+        assert launch_server.flag_value(got, ("--max-queued-requests",)) == (True, "1024")
+        assert launch_server.flag_value(got, ("--model-path",))[1] == default_model_dir()
     # what the user gives wins
     argv = ["--served-model-name", "mine", "--max-queued-requests", "7"]
     got = launch_server.prepare_argv(argv, on_cpu=False)
     assert got.count("--served-model-name") == 1 and got.count("--max-queued-requests") == 1
-    assert launch_server._flag_value(got, ("--max-queued-requests",)) == (True, "7")
+    assert launch_server.flag_value(got, ("--max-queued-requests",)) == (True, "7")
     # another model keeps SGLang's own name (its path)
     other = os.path.join(HEADS, "draft-exit15")  # any directory with a config.json
     assert "--served-model-name" not in launch_server.prepare_argv(["--model-path", other], False)
