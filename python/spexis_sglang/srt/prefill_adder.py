@@ -8,7 +8,7 @@ once its reservation (future tokens of the running requests, the new request's w
 ``max_new_tokens``) exceeds the free memory, which is exactly the idle memory the projection
 lends out. When SP's running batch (:class:`SPRunningBatch`) admits by count for one pass, this
 adder keeps every other budget of SGLang's (prefill tokens, chunk size, the prompt must fit in
-the memory free now) and lets the count be the limit. Without the flag it is SGLang's adder.
+the memory free now) and lets the count be the limit. Otherwise it is SGLang's adder.
 
 Installed in place of SGLang's class in every scheduler process (``hooks.install``):
 ``Scheduler._get_new_batch_prefill_raw`` looks ``PrefillAdder`` up at call time.
