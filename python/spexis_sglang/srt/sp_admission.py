@@ -62,7 +62,7 @@ class SPAdmissionMixin:
         sp = self.sp
         if not sp.rank0:
             return plan_in.admit_cap if plan_in is not None else None
-        gate = self.sp.admission_gate
+        gate = sp.admission_gate
         if gate is None or not self.waiting_queue or self.chunked_req is not None:
             return None
         if not sp.running.reqs:

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _required_penalizers(batch: ScheduleBatch):
+    """The batch's penalizer orchestrator where a request in it uses a penalizer, else None."""
+    info = batch.sampling_info
+    orchestrator = info.penalizer_orchestrator if info is not None else None
+    return orchestrator if orchestrator is not None and orchestrator.is_required else None
+
+
 class SPBatchMixin:
     """A decode batch: rows, selection, KV memory, alternatives, the ScheduleBatch. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
@@ -245,9 +252,8 @@ class SPBatchMixin:
         the last stage needs the real values of the drafts its rows make
         (``sp_after_launch``): the other ranks record placeholders.
         """
-        info = batch.sampling_info
-        orchestrator = info.penalizer_orchestrator if info is not None else None
-        if orchestrator is None or not orchestrator.is_required:
+        orchestrator = _required_penalizers(batch)
+        if orchestrator is None:
             return
         record = self.sp.record(batch)
         record.needs_drafts = True
@@ -278,9 +284,8 @@ class SPBatchMixin:
         the rows riding along a mixed batch use no penalizer)."""
         if self.sp.sampling is None or not any(r.output_ids for r in prefill_reqs):
             return
-        info = batch.sampling_info
-        orchestrator = info.penalizer_orchestrator if info is not None else None
-        if orchestrator is None or not orchestrator.is_required:
+        orchestrator = _required_penalizers(batch)
+        if orchestrator is None:
             return
         prefixes = [
             list(r.output_ids) if needs_penalizer(r.sampling_params) else None for r in prefill_reqs

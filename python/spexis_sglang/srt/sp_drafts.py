@@ -154,19 +154,19 @@ class SPDraftsMixin:
                     (ids, conf), buckets = p.placeholders(), None
                     if p.has_buckets:
                         sp.late_buckets.append(p)
-                if self.sp.draft_log is not None:
+                if sp.draft_log is not None:
                     self._sp_log_drafts(rows, ids, conf, buckets)
                 sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
                 self._sp_record_buckets(rows, buckets)
-            if self.sp.length_oracle is not None:  # benchmark only: replaces a predictor
+            if sp.length_oracle is not None:  # benchmark only: replaces a predictor
                 for p in pending:
-                    self._sp_record_buckets(p.rows, self.sp.length_oracle.buckets(p.rows))
+                    self._sp_record_buckets(p.rows, sp.length_oracle.buckets(p.rows))
 
     def _sp_needs_draft_values(self: SpexisScheduler) -> bool:
         sp = self.sp
         if not sp.rank0:
             return True  # placeholders, or the last stage's penalty drafts: no wait for these
-        if self.sp.draft_log is not None:
+        if sp.draft_log is not None:
             return True
         if sp.alpha is not None and sp.alpha.needs_confidences():
             return True

@@ -61,7 +61,7 @@ class SPMixedMixin:
         """Every running request's rows may ride along a prefill chunk (mirrored state: every
         rank answers alike)."""
         sp = self.sp
-        if not self.sp.mixed_chunk or not sp.running.reqs:
+        if not sp.mixed_chunk or not sp.running.reqs:
             return False
         return bool(sp.mixable[self._sp_running_slots()].all())
 
@@ -76,10 +76,9 @@ class SPMixedMixin:
         alone where they cannot ride (see the module docstring). ``rows_can_mix``:
         :meth:`sp_rows_can_mix`, as the admission that made ``prefill`` found it."""
         sp = self.sp
-        if not (rows_can_mix and prefill_can_mix(prefill)):
-            sp.add(prefill, SPBatch("prefill"))
-            return prefill
-        decode = self.sp_build_decode_batch(plan_in, plan_out, transit=None)
+        decode = None
+        if rows_can_mix and prefill_can_mix(prefill):
+            decode = self.sp_build_decode_batch(plan_in, plan_out, transit=None)
         if decode is None:
             sp.add(prefill, SPBatch("prefill"))
             return prefill

@@ -188,15 +188,15 @@ class SPVerifyMixin:
                 and getattr(req, "custom_logit_processor", None) is None
                 and not getattr(req, "return_sampling_mask", False)
             )
-            sp.patchable[slot] = self.sp.redo_rows and sp.mixable[slot]
+            sp.patchable[slot] = sp.redo_rows and sp.mixable[slot]
             sp.emit.admit(slot, req, verified)
             if sp.sampling is not None:
                 sp.sampling.admit(slot, req)
             if sp.forced is not None:
                 sp.forced.admit(slot, req, int(sp.slots.epoch(slot)[0]))
                 sp.forced.label(req)
-            if self.sp.length_oracle is not None:
-                self.sp.length_oracle.admit(slot, req, verified, limit)
+            if sp.length_oracle is not None:
+                sp.length_oracle.admit(slot, req, verified, limit)
             sp.admissions_delayed.discard(req.rid)
             sp.running.reqs.append(req)
 
