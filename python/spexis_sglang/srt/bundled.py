@@ -11,8 +11,6 @@ import json
 import os
 from typing import List
 
-from spexis_sglang.srt.config import stage0_end_layer
-
 ARTIFACTS_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts"
 )
@@ -22,6 +20,14 @@ _MODEL_FOLDERS = {"smollm2-135m-instruct": "smollm2-135m-instruct"}
 
 class BundledHeadError(ValueError):
     pass
+
+
+def stage0_end_layer(num_layers: int, pp_size: int) -> int:
+    """Stage 0's last layer + 1, as SGLang splits layers over pipeline stages (with
+    ``SGLANG_PP_LAYER_PARTITION`` when set)."""
+    from sglang.srt.distributed.utils import get_pp_indices
+
+    return get_pp_indices(num_layers, 0, pp_size)[1]
 
 
 def _model_folder(model_path: str) -> str:

@@ -163,11 +163,3 @@ def get_config() -> SpexisConfig:
     if not raw:
         return SpexisConfig()
     return SpexisConfig(**json.loads(raw))
-
-
-def stage0_end_layer(num_layers: int, pp_size: int) -> int:
-    """Stage 0's last layer + 1, as SGLang splits layers over pipeline stages (with
-    ``SGLANG_PP_LAYER_PARTITION`` when set)."""
-    from sglang.srt.distributed.utils import get_pp_indices
-
-    return get_pp_indices(num_layers, 0, pp_size)[1]

@@ -295,7 +295,7 @@ def _check_stage0_artifact(
         check_weights_fingerprint,
         read_artifact_config,
     )
-    from spexis_sglang.srt.config import stage0_end_layer
+    from spexis_sglang.srt.bundled import stage0_end_layer
 
     try:
         cfg = read_artifact_config(path)
