@@ -14,7 +14,7 @@ activate()
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-from spexis_sglang.srt.sp_sampling import SlotSampling  # noqa: E402
+from spexis_sglang.srt.sp_sampling import SlotSampling, SPSamplingBatchInfo  # noqa: E402
 
 VOCAB = 1000
 FIELDS = ("temperatures", "top_ps", "top_ks", "min_ps")
@@ -102,5 +102,6 @@ def test_requests_beyond_the_arrays_take_sglangs_path(params):
         sampling.admit(slot, req)
     got = sampling.build(_Batch(reqs), np.array([0, 1]))
     assert got.penalizer_orchestrator is not None  # built by from_schedule_batch
+    assert type(got) is SPSamplingBatchInfo  # SGLang's classmethod builds our class
     fast = sampling.build(_Batch(reqs[:1]), np.array([0]))
     assert fast.penalizer_orchestrator is None
