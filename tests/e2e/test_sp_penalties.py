@@ -40,11 +40,6 @@ SHORT_ANSWERS = [
     "Is water wet? Answer yes or no.",
 ]
 MIN_NEW_TOKENS = 20
-# The converted SmolLM2 stops on <|im_end|> (2, the generation config's EOS), but its tokenizer's
-# eos_token is <|im_start|> (1), and SGLang's min_new_tokens penalizer bans only the tokenizer's
-# EOS and the request's stop_token_ids: without this, min_new_tokens does nothing on this model
-# (in plain SGLang as well).
-IM_END = 2
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
 BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
 # a reasoning parser: requests with ``require_reasoning`` count their reasoning tokens. Only
@@ -72,13 +67,13 @@ MIXED_PARAMS = [
     PENALTIES[0],
     PENALTIES[1],
     PENALTIES[2],
-    {"min_new_tokens": MIN_NEW_TOKENS, "stop_token_ids": [IM_END]},
+    {"min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": False},
     {"frequency_penalty": 0.3, "presence_penalty": 0.2, "repetition_penalty": 1.1},
     {},
     {"frequency_penalty": -0.4},
 ]
-# stop at the model's end token (min_new_tokens holds it off)
-STOP = {"ignore_eos": False, "stop_token_ids": [IM_END]}
+# stop at the model's end token, <|im_end|> (min_new_tokens holds it off): no extra stop ids
+STOP = {"ignore_eos": False}
 
 
 def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
@@ -98,7 +93,7 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
             [{**greedy, **STOP, "min_new_tokens": MIN_NEW_TOKENS} for _ in short],
         ),
         "mixed": (prompts, [{**greedy, "ignore_eos": True, **q} for q in MIXED_PARAMS]),
-        "reasoning": (reasoning, [{**greedy, "stop_token_ids": [IM_END]} for _ in reasoning]),
+        "reasoning": (reasoning, [{**greedy, **STOP} for _ in reasoning]),
     }
 
 
