@@ -229,6 +229,39 @@ def test_at_alpha_one_exploring_backs_off_and_a_shift_brings_it_back() -> None:
     assert _explores(oa, load, MATH, 800) == 100
 
 
+def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:
+    """At alpha 0 with a steady batch every iteration carries the same rows, so the latency fit
+    sees no spread: only the probe iterations (alpha 1, B/N rows) can show it a stage whose
+    time has turned proportional to its rows (the batch grew compute-bound). Alpha must then
+    leave 0 for 1. While alpha 0 stands the probes back off to one in explore_max."""
+    flat = LatencyFit(intercept=2.0, slope=1e-4, identified=True)
+    oa = OnlineAlpha(N, explore=8, explore_max=64)
+    load = SyntheticLoad(4, flat)
+    run(oa, load, MATH, 2000)
+    assert oa.alpha == 0.0 and oa.probe_period == 64
+    before = oa.probe_iterations
+    run(oa, load, MATH, 1280)
+    assert oa.probe_iterations - before == 20  # 1 in 64
+    assert oa.alpha == 0.0  # the probes' small batches do not make a flat stage look costly
+    load.latency = LatencyFit(intercept=0.0, slope=1.0 / 16, identified=True)
+    trace = run(oa, load, MATH, 3000)
+    reached = next((i for i, a in enumerate(trace) if a == 1.0), None)
+    assert reached is not None and reached <= 1500, reached
+    assert oa.alpha == 1.0 and oa.probe_period == 8
+    assert oa.latency().slope == pytest.approx(1.0 / 16, rel=0.1)
+
+
+def test_probes_run_at_alpha_zero_only() -> None:
+    oa = OnlineAlpha(N, interval=5, explore=4, initial=0.2)
+    assert {oa.next_iteration(B) for _ in range(40)} == {0.2, 0.0}
+    assert oa.probe_iterations == 0
+    zero = OnlineAlpha(N, interval=1000, explore=4, initial=0.0)
+    alphas = [zero.next_iteration(B) for _ in range(12)]
+    # explore iterations (every 4th) are ordinary at alpha 0; probes fall between them
+    assert alphas == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert zero.probe_iterations == 2 and zero.explore_iterations == 3
+
+
 def test_explore_period_stays_at_its_base_below_alpha_one() -> None:
     oa = OnlineAlpha(N, interval=5, explore=4, explore_max=16, initial=0.2)
     load = SyntheticLoad(1)

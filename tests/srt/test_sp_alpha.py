@@ -266,6 +266,26 @@ def test_auto_at_alpha_one_waits_and_observes_rarely() -> None:
     assert waits == 10 and ctrl.alpha == 1.0 and pipe.unobserved == 0
 
 
+def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> None:
+    """At alpha 0 a steady batch's rows do not vary; the controller's probe iterations (alpha
+    1) let it see a stage's time turn proportional to its rows, and alpha goes to 1. A probe
+    needs no confidences and observes no drafts."""
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20)
+    pipe = Pipeline(ctrl, 2, b=32, seed=5, a=2.0, slope=1e-4)
+    for _ in range(2000):
+        pipe.step()
+    assert ctrl.alpha == 0.0 and ctrl.online.probe_period == 64
+    probes, waits = ctrl.online.probe_iterations, 0
+    for _ in range(640):
+        waits += ctrl.needs_confidences()
+        pipe.step()
+    assert ctrl.online.probe_iterations - probes == 10 and waits == 80  # explores only
+    pipe.a, pipe.slope = 0.0, 0.1
+    for _ in range(3000):
+        pipe.step()
+    assert ctrl.alpha == 1.0
+
+
 def test_auto_inside_zero_one_and_fixed_alpha_wait_where_drops_need_them() -> None:
     inside = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
     inside.online.alpha = 0.3

@@ -26,7 +26,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -373,9 +373,14 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
         max_running: int = 16,
         kv_headroom: int = 0,
         force_accept: Optional[float] = None,
+        **spexis: Any,
     ):
         self.spexis_config = SpexisConfig(
-            draft_head="random:0", alpha=alpha, log_interval=0, force_accept=force_accept
+            draft_head="random:0",
+            alpha=alpha,
+            log_interval=0,
+            force_accept=force_accept,
+            **spexis,
         )
         self.sp = None
         self.theta = theta
@@ -624,6 +629,25 @@ def test_alpha_one_gives_each_request_a_row_every_n_iterations(stages: int) -> N
     assert max(window) == -(-8 // stages), window
     st = sched.sp.stats
     assert st.rows_spec > 0 and st.rows_redone > 0  # the kept rows rode on drafts
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_auto_probes_at_alpha_zero_hold_drafts_and_stay_lossless(stages: int, monkeypatch) -> None:
+    """``auto`` at alpha 0 runs a probe iteration at alpha 1 now and then (a latency sample
+    at a stock PP micro-batch): its held drafts ride a later batch and every output stays
+    the target's."""
+    from spexis_sglang.srt import sp_alpha
+
+    monkeypatch.setattr(sp_alpha, "AUTO_ALPHA_INITIAL", 0.0)
+    sched = ContractScheduler(
+        stages, theta=0.6, alpha=0.0, alpha_auto=True, alpha_interval=10**6, alpha_explore=4
+    )
+    run = drive(sched, [Arrival(f"r{i}", list(range(1 + i, 9 + i)), 40, 0) for i in range(8)])
+    check_contract(run, exact_rows=False)
+    online = sched.sp.alpha.online
+    assert online.alpha == 0.0 and online.probe_iterations >= 5
+    st = sched.sp.stats
+    assert st.rows_spec > 0 and st.rows_redone > 0
 
 
 def test_a_full_kv_pool_retracts_and_the_outputs_stay_the_targets() -> None:

@@ -41,7 +41,17 @@ B/N, and at low acceptance most of them are wasted: one in 8 cost 12 % of the th
 B = 512 on an emulated two-GPU box. So while ``alpha`` stays at 1 the period backs off: every
 choice that keeps it there doubles the period, up to ``explore_max`` (64); any other choice
 resets it to ``explore``. (At ``alpha = 0`` an explore iteration is an ordinary one; inside
-(0, 1) the bottom bins' verdicts come only from them.) Alternatives
+(0, 1) the bottom bins' verdicts come only from them.)
+
+At ``alpha = 0`` with a steady batch every iteration carries the same rows, so the latency fit
+sees no spread and cannot notice that a stage's time has turned proportional to its rows (the
+batch grew into the compute-bound range): the last fit would stand for ever, and ``alpha``
+would stay at 0 where 1 is worth more (seen on the emulated two-GPU box at B = 512). So while
+``alpha`` is 0 a *probe* iteration runs every ``probe_period`` iterations at ``alpha = 1``
+(about B/N rows): a latency sample at the other end of the range. The probe period starts at
+``explore`` and doubles at each choice that keeps ``alpha`` at 0, up to ``explore_max``; any
+other choice resets it. A probe launches no observed drafts (the caller observes explore
+iterations only), and its drafts are held, not lost. Alternatives
 considered: keeping a random share of the would-be drops in every iteration (spreads the
 same cost but needs a random source and gives no row spread); extrapolating the profile
 below the cut (unsafe exactly when the workload shifts).
@@ -77,7 +87,7 @@ caller passes the measured seconds).
 Typical driving sequence (stage 0, per decode iteration)::
 
     oa = OnlineAlpha(num_stages=2)
-    alpha = oa.next_iteration(running=len(running))   # 0 on explore iterations
+    alpha = oa.next_iteration(running=len(running))   # 0 on explore, 1 on probe iterations
     conf = candidate_confidence(spec_rows)            # the selection key, before drops
     bins = oa.rank_bins(conf)
     rows, dropped = select(rows, alpha)               # launch; remember each launched
@@ -198,8 +208,9 @@ class OnlineAlpha:
         explore: every ``explore``-th iteration runs with ``alpha = 0`` (0 or 1: never; the
             bottom bins then keep their prior; used for observation-only trackers); the
             period doubles, up to ``explore_max``, each time a choice keeps ``alpha`` at 1,
-            and falls back to ``explore`` on any other choice.
-        explore_max: the longest explore period.
+            and falls back to ``explore`` on any other choice. At alpha 0 the same base
+            period, backing off while alpha 0 stands, times the probe iterations at alpha 1.
+        explore_max: the longest explore (and probe) period.
         initial: ``alpha`` until the first choice.
         half_life: iterations after which a count weighs half (default: ``4 * interval``,
             so a choice rests mostly on the last few intervals).
@@ -267,6 +278,11 @@ class OnlineAlpha:
         #: for (those since the previous explore iteration)
         self.exploring = False
         self.explore_gap = max(self.explore, 1)
+        #: this iteration is a latency probe at alpha 1 (alpha 0 only; see the module docstring)
+        self.probing = False
+        self.probe_period = self.explore
+        self._next_probe = self.explore + max(self.explore // 2, 1)
+        self.probe_iterations = 0
         self.half_life = float(half_life)
         self.decay = 0.5 ** (1.0 / self.half_life)
         self.model = model
@@ -297,7 +313,8 @@ class OnlineAlpha:
         """Start an iteration with ``running`` requests; return its ``alpha``.
 
         Ages every count by one iteration, re-chooses ``alpha`` every ``interval`` iterations,
-        and returns 0 on explore iterations (the current ``alpha`` otherwise).
+        and returns 0 on explore iterations, 1 on probe iterations (the current ``alpha``
+        otherwise).
         """
         self.iteration += 1
         d = self.decay
@@ -309,13 +326,22 @@ class OnlineAlpha:
         if self.iteration % self.interval == 0:
             self.choose()
         self.exploring = self.explore > 1 and self.iteration >= self._next_explore
+        self.probing = False
         if self.exploring:
             self.explore_iterations += 1
             self.explore_gap = self.iteration - self._last_explore
             self._last_explore = self.iteration
             self._next_explore = self.iteration + self.explore_period
             return 0.0
+        if self._probe_due(self.iteration):
+            self.probing = True
+            self.probe_iterations += 1
+            self._next_probe = self.iteration + self.probe_period
+            return 1.0
         return self.alpha
+
+    def _probe_due(self, iteration: int) -> bool:
+        return self.explore > 1 and self.alpha == 0.0 and iteration >= self._next_probe
 
     def next_explores(self) -> bool:
         """The next :meth:`next_iteration` is an explore iteration (unless a choice there
@@ -331,6 +357,8 @@ class OnlineAlpha:
             return None
         if self.next_explores():
             return 0.0
+        if self._probe_due(i):
+            return 1.0
         return self.alpha
 
     def rank_bins(self, confidences: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -460,6 +488,12 @@ class OnlineAlpha:
         else:
             self.explore_period = self.explore
             self._next_explore = min(self._next_explore, self.iteration + self.explore)
+        if self.alpha == 0.0 and not moved:
+            # alpha 0 stands: probe the latency at alpha 1 half as often
+            self.probe_period = min(2 * self.probe_period, self.explore_max)
+        else:
+            self.probe_period = self.explore
+            self._next_probe = self.iteration + max(self.explore // 2, 1)
         self.history.append((self.iteration, self.alpha))
         return self.alpha
 
@@ -474,6 +508,8 @@ class OnlineAlpha:
             "interval": self.interval,
             "explore": self.explore,
             "explore_period": self.explore_period,
+            "probe_period": self.probe_period,
+            "probe_iterations": self.probe_iterations,
             "half_life": self.half_life,
             "model": self.model,
             "choices": self.choices,

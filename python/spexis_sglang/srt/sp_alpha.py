@@ -42,7 +42,9 @@ they decide nothing, so stage 0 builds the next batch without waiting for its ow
 GPU); it then observes only its explore iterations (alpha 0: every rank launched), each
 counting for the iterations since the previous one (the explore period backs off at alpha 1,
 see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto`` takes
-one at every launch, weight 1.
+one at every launch, weight 1. At alpha 0 its probe iterations run at alpha 1 (a stock PP
+micro-batch, the drafts held for the next batch) for the latency fit only: not observed, no
+wait.
 """
 
 from __future__ import annotations
