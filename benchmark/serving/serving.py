@@ -56,7 +56,8 @@ Configurations (``--configs``): ``pp1`` (stock SGLang, one stage: the reference 
 fits), ``plain`` (stock SGLang PP=N), ``tp`` (stock TP=N), ``sp`` (Spexis SP, ``--draft-head``,
 alpha 0), ``sp-alpha`` (+ ``--spexis-alpha``: ``--alpha auto`` = the value the alpha chooser
 recorded in the draft head's artifact, ``extra.alpha.affine``), ``sp-la`` (+ the length
-predictor and ``--spexis-lookahead-admission``): the paper's Figure-8 breakdown;
+predictor and ``--spexis-lookahead-admission``; ``sp`` plus those under forced acceptance,
+where alpha's drops buy nothing): the paper's Figure-8 breakdown;
 ``plain-mixed`` and ``sp-mixed`` (``plain`` and ``sp`` with ``--enable-mixed-chunk``: decode
 rows ride along prefill chunks); more with ``--config NAME='ARGS'``. ``--server-args`` is appended to every server (the same KV budget
 for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced acceptance),
@@ -154,13 +155,17 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
         lengths = ["--spexis-benchmark-length-oracle", args.length_oracle]
     else:
         lengths = ["--spexis-length-predictor", args.length_predictor]
+    # Under forced acceptance a draft's verdict does not depend on its confidence, so alpha's
+    # drops buy nothing there: sp-la then measures look-ahead admission alone, not alpha's cost.
+    forced = "--spexis-benchmark-force-accept" in shlex.split(args.sp_args)
+    la_alpha = [] if forced else alpha_args
     known = {
         "pp1": ["--pp-size", "1"] + common,
         "plain": plain,
         "tp": ["--tp-size", str(args.pp_size)] + common,
         "sp": sp,
         "sp-alpha": sp + alpha_args,
-        "sp-la": sp + alpha_args + lengths + ["--spexis-lookahead-admission"],
+        "sp-la": sp + la_alpha + lengths + ["--spexis-lookahead-admission"],
         # decode rows ride along prefill chunks (SGLang's --enable-mixed-chunk; SP's rows too)
         "plain-mixed": plain + ["--enable-mixed-chunk"],
         "sp-mixed": sp + ["--enable-mixed-chunk"],
@@ -867,7 +872,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument(
         "--alpha",
         default="auto",
-        help="sp-alpha / sp-la drop ratio; auto = the head artifact's chosen alpha",
+        help="sp-alpha / sp-la drop ratio (sp-la: none under forced acceptance); auto = the "
+        "head artifact's chosen alpha",
     )
     ap.add_argument("--rates", default="0.5,1,2,4")
     ap.add_argument(

@@ -159,12 +159,13 @@ def test_configurations_of_the_breakdown_share_the_server_args():
     assert c["plain"] == ["--pp-size", "2", "--max-total-tokens", "2048"]
     assert c["sp"][:4] == c["plain"] and "--spexis-alpha" not in c["sp"]
     assert c["sp-alpha"] == c["sp"] + ["--spexis-alpha", "0.3"]
-    assert c["sp-la"] == c["sp-alpha"] + [
-        "--spexis-length-predictor",
-        "bundled",
-        "--spexis-lookahead-admission",
-    ]
+    # forced acceptance: alpha's drops buy nothing, so sp-la is SP plus look-ahead admission
+    lookahead = ["--spexis-length-predictor", "bundled", "--spexis-lookahead-admission"]
+    assert c["sp-la"] == c["sp"] + lookahead
     assert "--spexis-benchmark-force-accept" in c["sp"]
+    real = serving.parse_args(["--configs", "sp-alpha,sp-la", "--out", "x.json"])
+    c = dict(serving.build_configs(real, alpha=0.3))
+    assert c["sp-la"] == c["sp-alpha"] + lookahead
     with pytest.raises(SystemExit):
         serving.build_configs(serving.parse_args(["--configs", "xx", "--out", "x"]), None)
 
