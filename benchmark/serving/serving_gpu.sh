@@ -14,9 +14,9 @@
 #   runs to its recorded output length). sp-alpha there shows alpha's cost only: forced
 #   acceptance does not depend on the draft's confidence, so dropping drafts buys nothing.
 #   sp-la (not in the default CONFIGS): sp (alpha 0) with look-ahead admission fed by the
-#   BENCHMARK length oracle ORACLE (--spexis-benchmark-length-oracle; default paper-l70: the true remaining
-#   lengths degraded to the paper's Table 4 precision/recall; 'ours' = the shipped
-#   predictor's calibration), as no length predictor exists for these shapes.
+#   BENCHMARK length oracle ORACLE (--spexis-benchmark-length-oracle; default paper-l70:
+#   the true remaining lengths degraded to the paper's Table 4 precision/recall; 'ours' = the
+#   shipped predictor's calibration), as no length predictor exists for these shapes.
 # MODE=real: the default model (SmolLM2-135M-Instruct, real weights; its GGUF joined by
 #   default_model_parts.sh), bundled exit-15 head and length predictor, real acceptance, the
 #   chosen alpha (the head artifact's, 0.3), prompts with text from .gpu/workloads/ (built here
