@@ -246,11 +246,23 @@ class Server(ServerProcess):
 
 
 # ----------------------------------------------------------------------------- measuring
+#: the alpha controller's state recorded after an ``auto`` run (``/server_info``)
+ALPHA_CONTROLLER_KEYS = (
+    "latency",
+    "batch",
+    "profile",
+    "last_choice",
+    "explore_period",
+    "probe_period",
+    "probe_iterations",
+    "changes",
+)
 def server_state(srv: Server) -> Dict[str, Any]:
     info = srv.server_info()
     st = (info.get("internal_states") or [{}])[0]
     return {
         "spexis": st.get("spexis"),
+        "spexis_alpha": st.get("spexis_alpha"),
         "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
         "max_running_requests": st.get("max_running_requests", info.get("max_running_requests")),
     }
@@ -277,7 +289,8 @@ def one_run(
     t = time.perf_counter()
     out = srv.generate(body, timeout=timeout)
     dt = time.perf_counter() - t
-    after = server_state(srv)["spexis"]
+    after_state = server_state(srv)
+    after = after_state["spexis"]
     if isinstance(out, dict):
         out = [out]
     lens = [
@@ -291,6 +304,9 @@ def one_run(
         delta = stat_deltas(before, after)
         if "alpha" in after:  # the drop ratio in force at the end (--spexis-alpha auto moves it)
             delta["alpha_end"] = after["alpha"]
+            ctrl = after_state["spexis_alpha"] or {}
+            # what the chooser saw: its latency fit, batch, profile and last choice
+            delta["alpha_controller"] = {k: ctrl.get(k) for k in ALPHA_CONTROLLER_KEYS}
     bad = [
         o for o in out if (o.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort"
     ]
