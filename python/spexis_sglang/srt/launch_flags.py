@@ -176,8 +176,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         type=int,
         default=None,
         metavar="E",
-        help="With --spexis-alpha auto: every E-th decode iteration runs at alpha 0 (0 turns "
-        "exploration off; the dropped ranks' acceptance is then never re-measured). Default: "
+        help="With --spexis-alpha auto: every E-th decode iteration runs at alpha 0, and at "
+        "alpha 0 a probe iteration every E runs at alpha 1 to time fewer rows (0 turns both "
+        "off; the dropped ranks' acceptance is then never re-measured). Default: "
         f"{AUTO_ALPHA_EXPLORE}.",
     )
     group.add_argument(
