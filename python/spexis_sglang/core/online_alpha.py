@@ -47,11 +47,14 @@ At ``alpha = 0`` with a steady batch every iteration carries the same rows, so t
 sees no spread and cannot notice that a stage's time has turned proportional to its rows (the
 batch grew into the compute-bound range): the last fit would stand for ever, and ``alpha``
 would stay at 0 where 1 is worth more (seen on the emulated two-GPU box at B = 512). So while
-``alpha`` is 0 a *probe* iteration runs every ``probe_period`` iterations at ``alpha = 1``
-(about B/N rows): a latency sample at the other end of the range. The probe period starts at
-``explore`` and doubles at each choice that keeps ``alpha`` at 0, up to ``explore_max``; any
-other choice resets it. A probe launches no observed drafts (the caller observes explore
-iterations only), and its drafts are held, not lost. Alternatives
+``alpha`` is 0 a *probe* runs every ``probe_period`` iterations: ``N`` consecutive iterations
+at ``alpha = 1`` (about B/N rows each), so that for a moment every batch in the pipe is small
+and the time between launches is what B/N rows cost (the stages run their batches at once, so
+one small batch among full ones would not shorten it; the caller sets each sample against the
+largest batch in the pipe). The probe period starts at ``explore`` and doubles at each choice
+that keeps ``alpha`` at 0, up to ``explore_max``; any other choice resets it. A due explore
+iteration waits for a probe to end. A probe launches no observed drafts (the caller observes
+explore iterations only), and its drafts are held, not lost. Alternatives
 considered: keeping a random share of the would-be drops in every iteration (spreads the
 same cost but needs a random source and gives no row spread); extrapolating the profile
 below the cut (unsafe exactly when the workload shifts).
@@ -92,7 +95,7 @@ Typical driving sequence (stage 0, per decode iteration)::
     bins = oa.rank_bins(conf)
     rows, dropped = select(rows, alpha)               # launch; remember each launched
     ...                                               # speculative row's bin
-    oa.record_iteration(rows=mean_rows_in_pipe, seconds=since_last_launch)
+    oa.record_iteration(rows=largest_batch_in_pipe, seconds=since_last_launch)
     oa.record_verdicts(bins_of_verified_drafts, accepted)   # when verdicts come back
 """
 
@@ -283,6 +286,7 @@ class OnlineAlpha:
         self.probe_period = self.explore
         self._next_probe = self.explore + max(self.explore // 2, 1)
         self.probe_iterations = 0
+        self._probe_left = 0  # iterations of the running probe still to come
         self.half_life = float(half_life)
         self.decay = 0.5 ** (1.0 / self.half_life)
         self.model = model
@@ -325,8 +329,14 @@ class OnlineAlpha:
         self._batch += (1.0, float(running))
         if self.iteration % self.interval == 0:
             self.choose()
+        self.probing = self._probe_continues()
+        if self.probing:
+            self._probe_left -= 1
+            self.probe_iterations += 1
+            self.exploring = False
+            return 1.0
+        self._probe_left = 0
         self.exploring = self.explore > 1 and self.iteration >= self._next_explore
-        self.probing = False
         if self.exploring:
             self.explore_iterations += 1
             self.explore_gap = self.iteration - self._last_explore
@@ -336,9 +346,13 @@ class OnlineAlpha:
         if self._probe_due(self.iteration):
             self.probing = True
             self.probe_iterations += 1
+            self._probe_left = self.num_stages - 1
             self._next_probe = self.iteration + self.probe_period
             return 1.0
         return self.alpha
+
+    def _probe_continues(self) -> bool:
+        return self._probe_left > 0 and self.alpha == 0.0
 
     def _probe_due(self, iteration: int) -> bool:
         return self.explore > 1 and self.alpha == 0.0 and iteration >= self._next_probe
@@ -346,7 +360,11 @@ class OnlineAlpha:
     def next_explores(self) -> bool:
         """The next :meth:`next_iteration` is an explore iteration (unless a choice there
         moves ``alpha`` and brings the next explore forward)."""
-        return self.explore > 1 and self.iteration + 1 >= self._next_explore
+        return (
+            self.explore > 1
+            and not self._probe_continues()
+            and self.iteration + 1 >= self._next_explore
+        )
 
     def peek_alpha(self) -> float | None:
         """The ``alpha`` :meth:`next_iteration` will return, or None where it may re-choose
@@ -355,6 +373,8 @@ class OnlineAlpha:
         i = self.iteration + 1
         if i % self.interval == 0:
             return None
+        if self._probe_continues():
+            return 1.0
         if self.next_explores():
             return 0.0
         if self._probe_due(i):

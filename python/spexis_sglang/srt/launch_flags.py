@@ -177,7 +177,7 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         default=None,
         metavar="E",
         help="With --spexis-alpha auto: every E-th decode iteration runs at alpha 0, and at "
-        "alpha 0 a probe iteration every E runs at alpha 1 to time fewer rows (0 turns both "
+        "alpha 0 a probe of N iterations every E runs at alpha 1 to time B/N rows (0 turns both "
         "off; the dropped ranks' acceptance is then never re-measured). Default: "
         f"{AUTO_ALPHA_EXPLORE}.",
     )

@@ -18,9 +18,10 @@ module docstring for what is measured and how alpha is chosen) from three points
 
 Latency samples: stage 0 measures the wall time between two consecutive decode launches (a
 prefill or an idle iteration between them discards the sample). In that time stage 0 ran its
-part of the newest batch while the later stages ran the batches before it, so the sample is
-set against the mean rows of the last ``depth`` decode batches (in a steady state, the rows of
-every batch; around an explore iteration, what the pipe actually held).
+part of the newest batch while the later stages ran the batches before it, all at once, so the
+stage with the largest batch set the pace: the sample is set against the largest of the last
+``depth`` decode batches (in a steady state, the rows of every batch; around an explore
+iteration or a probe, what paced the pipe).
 
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
@@ -42,9 +43,9 @@ they decide nothing, so stage 0 builds the next batch without waiting for its ow
 GPU); it then observes only its explore iterations (alpha 0: every rank launched), each
 counting for the iterations since the previous one (the explore period backs off at alpha 1,
 see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto`` takes
-one at every launch, weight 1. At alpha 0 its probe iterations run at alpha 1 (a stock PP
-micro-batch, the drafts held for the next batch) for the latency fit only: not observed, no
-wait.
+one at every launch, weight 1. At alpha 0 its probes run ``depth`` iterations at alpha 1 (stock
+PP micro-batches, the drafts held for the next batch) for the latency fit only: not observed,
+no wait.
 """
 
 from __future__ import annotations
@@ -221,9 +222,8 @@ class AlphaController:
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
         elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
-            mean_rows = sum(self._pipe_rows) / self.depth
             weight = 1.0 if self.auto else self._weight
-            self.online.record_iteration(mean_rows, now - last[1], weight)
+            self.online.record_iteration(max(self._pipe_rows), now - last[1], weight)
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
         self._launches += 1
