@@ -41,6 +41,7 @@ def test_alpha_auto_greedy_equals_plain_and_alpha_is_reported(server_factory, mo
     # it measured, explored and chose: verdicts by rank, iteration times, alpha-0 iterations
     assert live["verdicts"] > 0 and live["samples"] > 0
     assert stats["alpha_explore_iterations"] == live["explore_iterations"] > 0
+    assert stats["alpha_probe_iterations"] == live["probe_iterations"]
     assert live["choices"] > 0
     assert stats["drafts_dropped"] > 0  # it starts at 0.15: drops happened
     metrics = requests.get(sp_server.base_url + "/metrics", timeout=60).text

@@ -176,6 +176,7 @@ def test_auto_moves_alpha_and_fixed_only_observes() -> None:
     assert auto.online.latency().identified and 0.15 < auto.alpha < 1.0
     auto.update_stats(stats)
     assert stats.alpha == auto.alpha and stats.alpha_changes == auto.online.changes
+    assert stats.alpha_probe_iterations == auto.online.probe_iterations
     assert stats.as_dict()["alpha"] == auto.alpha
 
 

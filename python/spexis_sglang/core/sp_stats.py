@@ -91,6 +91,8 @@ class SPStats:
     alpha_changes: int = 0
     #: iterations run at alpha 0 to explore the ranks alpha drops
     alpha_explore_iterations: int = 0
+    #: iterations run at alpha 1 while alpha is 0, to time B/N rows
+    alpha_probe_iterations: int = 0
 
     # -- derived ----------------------------------------------------------------------------
     @property

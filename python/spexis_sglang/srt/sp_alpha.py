@@ -257,6 +257,7 @@ class AlphaController:
         stats.alpha = self.alpha
         stats.alpha_changes = self.online.changes
         stats.alpha_explore_iterations = self.online.explore_iterations
+        stats.alpha_probe_iterations = self.online.probe_iterations
 
     def as_dict(self) -> dict:
         """The live state (``/server_info`` ``internal_states[0]["spexis_alpha"]``)."""
