@@ -257,6 +257,8 @@ ALPHA_CONTROLLER_KEYS = (
     "probe_iterations",
     "changes",
 )
+
+
 def server_state(srv: Server) -> Dict[str, Any]:
     info = srv.server_info()
     st = (info.get("internal_states") or [{}])[0]
