@@ -154,14 +154,15 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="Selective speculation: fraction of drafts with the lowest confidence dropped "
         "each iteration, in [0, 1] (1: stock PP's schedule, each request one row every "
         "pp-size iterations, on the draft of its row in transit, which the device redoes "
-        "where that draft is rejected, in pp-size micro-batches), or 'auto': stage 0 measures acceptance by confidence rank "
-        "and iteration time against rows while serving, and re-chooses alpha with the cost "
+        "where that draft is rejected, in pp-size micro-batches), or 'auto': stage 0 measures "
+        "acceptance by confidence rank and iteration time against rows while serving, and "
+        "re-chooses alpha with the cost "
         "model every --spexis-alpha-interval iterations, up to 1 where a stage's time grows "
         "in proportion to its rows and speculation cannot pay (every draft dropped: SP runs "
         f"like PP; starting at {AUTO_ALPHA_INITIAL}; "
         "every --spexis-alpha-explore-th iteration drops nothing, so the ranks it would drop "
-        "are still measured). The alpha in force is in /server_info, the log line and the "
-        "spexis:alpha metric. Default: 0.",
+        "are still measured, and at alpha 0 probes at alpha 1 time fewer rows). The alpha in "
+        "force is in /server_info, the log line and the spexis:alpha metric. Default: 0.",
     )
     group.add_argument(
         "--spexis-alpha-interval",
