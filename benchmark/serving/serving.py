@@ -53,15 +53,16 @@ tokenizer covering the model's vocabulary (``--synthetic-vocab``; the 8B-shaped 
 tokenizer, and a dummy model emits ids any real small tokenizer would decode to nothing).
 
 Configurations (``--configs``): ``pp1`` (stock SGLang, one stage: the reference where it
-fits), ``plain`` (stock SGLang PP=N), ``tp`` (stock TP=N), ``sp`` (Spexis SP, ``--draft-head``,
-alpha 0), ``sp-alpha`` (+ ``--spexis-alpha``: ``--alpha auto`` = the value the alpha chooser
-recorded in the draft head's artifact, ``extra.alpha.affine``), ``sp-la`` (+ the length
-predictor and ``--spexis-lookahead-admission``; ``sp`` plus those under forced acceptance,
-where alpha's drops buy nothing): the paper's Figure-8 breakdown;
-``plain-mixed`` and ``sp-mixed`` (``plain`` and ``sp`` with ``--enable-mixed-chunk``: decode
-rows ride along prefill chunks); more with ``--config NAME='ARGS'``. ``--server-args`` is appended to every server (the same KV budget
-for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced acceptance),
-``--bench-args`` to every bench_serving call.
+fits), ``plain`` (stock SGLang PP=N; ``plain-depth1`` with ``--pp-async-batch-depth 1``),
+``tp`` (stock TP=N), ``sp`` (Spexis SP, ``--draft-head``, alpha 0), ``sp-alpha`` (+
+``--spexis-alpha``: ``--alpha auto`` = the value the alpha chooser recorded in the draft
+head's artifact, ``extra.alpha.affine``), ``sp-la`` (+ the length predictor and
+``--spexis-lookahead-admission``; ``sp`` plus those under forced acceptance, where alpha's
+drops buy nothing): the paper's Figure-8 breakdown; ``plain-mixed`` and ``sp-mixed``
+(``plain`` and ``sp`` with ``--enable-mixed-chunk``: decode rows ride along prefill chunks);
+more with ``--config NAME='ARGS'``. ``--server-args`` is appended to every server (the same
+KV budget for all: ``--max-total-tokens``), ``--sp-args`` to the SP ones (e.g. forced
+acceptance), ``--bench-args`` to every bench_serving call.
 
 CPU run committed (default model, PP=2; ``benchmark/README.md`` has the command and result)::
 
@@ -97,7 +98,17 @@ from spexis_sglang.testing import count_retractions
 
 logger = logging.getLogger("benchmark.serving")
 
-BUILTIN_CONFIGS = ("pp1", "plain", "tp", "sp", "sp-alpha", "sp-la", "plain-mixed", "sp-mixed")
+BUILTIN_CONFIGS = (
+    "pp1",
+    "plain",
+    "plain-depth1",
+    "tp",
+    "sp",
+    "sp-alpha",
+    "sp-la",
+    "plain-mixed",
+    "sp-mixed",
+)
 DATASET_WORKLOADS = ("sharegpt", "specbench", "long")
 DEFAULT_MAX_OUTPUT_LEN = 256
 
@@ -162,6 +173,8 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
     known = {
         "pp1": ["--pp-size", "1"] + common,
         "plain": plain,
+        # stock PP with one micro-batch launched ahead (its other setting worth trying)
+        "plain-depth1": plain + ["--pp-async-batch-depth", "1"],
         "tp": ["--tp-size", str(args.pp_size)] + common,
         "sp": sp,
         "sp-alpha": sp + alpha_args,

@@ -157,6 +157,8 @@ def test_configurations_of_the_breakdown_share_the_server_args():
     c = dict(serving.build_configs(args, alpha=0.3))
     assert c["pp1"] == ["--pp-size", "1", "--max-total-tokens", "2048"]
     assert c["plain"] == ["--pp-size", "2", "--max-total-tokens", "2048"]
+    depth1 = dict(serving.build_configs(serving.parse_args(["--configs", "plain-depth1", "--out", "x.json"]), None))
+    assert depth1["plain-depth1"] == ["--pp-size", "2", "--pp-async-batch-depth", "1"]
     assert c["sp"][:4] == c["plain"] and "--spexis-alpha" not in c["sp"]
     assert c["sp-alpha"] == c["sp"] + ["--spexis-alpha", "0.3"]
     # forced acceptance: alpha's drops buy nothing, so sp-la is SP plus look-ahead admission
