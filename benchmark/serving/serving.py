@@ -160,7 +160,8 @@ def chosen_alpha(draft_head: str, model_path: str, pp_size: int) -> float:
 def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tuple[str, List[str]]]:
     common = shlex.split(args.server_args)
     plain = ["--pp-size", str(args.pp_size)] + common
-    sp = plain + ["--spexis-draft-head", args.draft_head] + shlex.split(args.sp_args)
+    sp_args = shlex.split(args.sp_args)
+    sp = plain + ["--spexis-draft-head", args.draft_head] + sp_args
     alpha_args = ["--spexis-alpha", str(alpha)] if alpha is not None else []
     if args.length_oracle:  # benchmark only: the true lengths, degraded (dummy weights)
         lengths = ["--spexis-benchmark-length-oracle", args.length_oracle]
@@ -168,8 +169,7 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
         lengths = ["--spexis-length-predictor", args.length_predictor]
     # Under forced acceptance a draft's verdict does not depend on its confidence, so alpha's
     # drops buy nothing there: sp-la then measures look-ahead admission alone, not alpha's cost.
-    forced = "--spexis-benchmark-force-accept" in shlex.split(args.sp_args)
-    la_alpha = [] if forced else alpha_args
+    la_alpha = [] if "--spexis-benchmark-force-accept" in sp_args else alpha_args
     known = {
         "pp1": ["--pp-size", "1"] + common,
         "plain": plain,

@@ -329,27 +329,25 @@ class OnlineAlpha:
         self._batch += (1.0, float(running))
         if self.iteration % self.interval == 0:
             self.choose()
+        self.exploring = False
         self.probing = self._probe_continues()
-        if self.probing:
-            self._probe_left -= 1
-            self.probe_iterations += 1
-            self.exploring = False
-            return 1.0
-        self._probe_left = 0
-        self.exploring = self.explore > 1 and self.iteration >= self._next_explore
-        if self.exploring:
-            self.explore_iterations += 1
-            self.explore_gap = self.iteration - self._last_explore
-            self._last_explore = self.iteration
-            self._next_explore = self.iteration + self.explore_period
-            return 0.0
-        if self._probe_due(self.iteration):
-            self.probing = True
-            self.probe_iterations += 1
-            self._probe_left = self.num_stages - 1
+        if not self.probing:  # a running probe goes first; a due explore waits for its end
+            self._probe_left = 0
+            self.exploring = self.explore > 1 and self.iteration >= self._next_explore
+            if self.exploring:
+                self.explore_iterations += 1
+                self.explore_gap = self.iteration - self._last_explore
+                self._last_explore = self.iteration
+                self._next_explore = self.iteration + self.explore_period
+                return 0.0
+            self.probing = self._probe_due(self.iteration)
+            if not self.probing:
+                return self.alpha
+            self._probe_left = self.num_stages
             self._next_probe = self.iteration + self.probe_period
-            return 1.0
-        return self.alpha
+        self._probe_left -= 1
+        self.probe_iterations += 1
+        return 1.0
 
     def _probe_continues(self) -> bool:
         return self._probe_left > 0 and self.alpha == 0.0
