@@ -325,7 +325,7 @@ def main() -> int:
     prev = lag_within_sequences(rows["seq"], rows["pos"], rows["conf"])
     prev_acc = lag_within_sequences(rows["seq"], rows["pos"], rows["accept"])
     m = rows["answer"]
-    seq, pos, accept = rows["seq"][m], rows["pos"][m], rows["accept"][m].astype(bool)
+    seq, accept = rows["seq"][m], rows["accept"][m].astype(bool)
     keys = {"own": rows["conf"][m], "previous": prev[m], "random": rng.random(int(m.sum()))}
     after_first = lag_within_sequences(rows["seq"], rows["pos"], rows["answer"], fill=0)[m] == 1
     batch_sizes = [int(b) for b in args.batches.split(",")]
