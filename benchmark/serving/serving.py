@@ -2,8 +2,9 @@
 
 For each configuration the server is started once (one server at a time); then, for each
 request rate, SGLang's own load generator (``python -m spexis_sglang.bench_serving``, i.e.
-``sglang.benchmark.serving`` unchanged) sends the same workload (same requests, same
-``--seed``) with Poisson arrivals. Recorded per rate:
+``sglang.benchmark.serving`` unchanged, run in this process so that its imports are paid once;
+its warm-up request only on a server's first rate) sends the same workload (same requests,
+same ``--seed``) with Poisson arrivals. Recorded per rate:
 
 * **mean normalized latency**: the mean over requests of end-to-end latency / output tokens
   (the paper's serving metric), the end-to-end latency of a request being its TTFT plus its
@@ -86,7 +87,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -372,12 +372,16 @@ def _tokenizer_dir(model_path: str) -> str:
 
 
 def bench_command(
-    args: argparse.Namespace, base_url: str, rate: float, out: str, dataset: List[str]
+    args: argparse.Namespace,
+    base_url: str,
+    rate: float,
+    out: str,
+    dataset: List[str],
+    warmup: bool = True,
 ) -> List[str]:
+    """bench_serving's arguments for one rate. ``warmup``: its one warm-up request before the
+    run (a whole request alone, seconds at long outputs); needed only on a fresh server."""
     return [
-        sys.executable,
-        "-m",
-        "spexis_sglang.bench_serving",
         "--backend",
         "sglang",
         "--base-url",
@@ -391,8 +395,40 @@ def bench_command(
         "--output-details",
         "--output-file",
         out,
+        *([] if warmup else ["--warmup-requests", "0"]),
         *shlex.split(args.bench_args),
     ]
+
+
+def _bench_timeout(signum, frame):
+    raise TimeoutError("bench_serving ran past --bench-timeout")
+
+
+def run_bench_serving(bench_args: List[str], timeout: float) -> None:
+    """SGLang's bench_serving (``python -m spexis_sglang.bench_serving bench_args``) in this
+    process: its imports (several seconds) are paid once per sweep, not once per rate.
+
+    Its printed report is kept back; on failure (an exception or its own ``sys.exit``, or
+    after ``timeout`` seconds) RuntimeError carries its tail. A signal still unwinds."""
+    import contextlib
+    import io
+
+    from spexis_sglang.srt.bench_cli import main as bench_main
+
+    printed, argv = io.StringIO(), sys.argv  # the bench sets sys.argv: ours is put back
+    previous = signal.signal(signal.SIGALRM, _bench_timeout)
+    signal.alarm(max(1, int(timeout)))
+    try:
+        with contextlib.redirect_stdout(printed):
+            bench_main(bench_args)
+    except Signalled:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise RuntimeError(f"bench_serving failed: {exc!r}\n{printed.getvalue()[-2000:]}") from exc
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.argv = argv
 
 
 # ----------------------------------------------------------------------------- one rate
@@ -549,21 +585,16 @@ def summarize_rate(result: dict, before: dict, after: dict, retractions: int) ->
     return rec
 
 
-def run_rate(args, server, rate: float, dataset: List[str]) -> dict:
+def run_rate(args, server, rate: float, dataset: List[str], warmup: bool = True) -> dict:
     before = spexis_state(server.base_url)
     log0 = read_log(server.log_path)
     load0 = loadavg()
     cpu0 = server_cpu_times(server.proc.pid)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.jsonl")
-        cmd = bench_command(args, server.base_url, rate, out, dataset)
+        cmd = bench_command(args, server.base_url, rate, out, dataset, warmup)
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"bench_serving failed at rate {rate}:\n{proc.stdout[-2000:]}"
-                f"\n{proc.stderr[-2000:]}"
-            )
+        run_bench_serving(cmd, args.bench_timeout)
         with open(out) as f:
             result = json.loads(f.read().splitlines()[-1])
     log1 = read_log(server.log_path)
@@ -599,7 +630,7 @@ def sweep(args, name: str, server_args: List[str], rates: List[float], dataset, 
             if deadline and time.time() > deadline:
                 entry["rates_not_run"].append(rate)
                 continue
-            rec = run_rate(args, server, rate, dataset)
+            rec = run_rate(args, server, rate, dataset, warmup=not entry["records"])
             logger.info("%s rate %s: %s", name, rate, json.dumps(rec))
             entry["records"].append(rec)
     finally:
@@ -974,8 +1005,12 @@ def portable_argv(argv: List[str]) -> List[str]:
     return out
 
 
+class Signalled(SystemExit):
+    """SIGTERM or SIGINT: unwinds through everything, the bench_serving run included."""
+
+
 def _exit_on_signal(signum, frame):
-    raise SystemExit(128 + signum)
+    raise Signalled(128 + signum)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

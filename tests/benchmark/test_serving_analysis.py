@@ -157,7 +157,11 @@ def test_configurations_of_the_breakdown_share_the_server_args():
     c = dict(serving.build_configs(args, alpha=0.3))
     assert c["pp1"] == ["--pp-size", "1", "--max-total-tokens", "2048"]
     assert c["plain"] == ["--pp-size", "2", "--max-total-tokens", "2048"]
-    depth1 = dict(serving.build_configs(serving.parse_args(["--configs", "plain-depth1", "--out", "x.json"]), None))
+    depth1 = dict(
+        serving.build_configs(
+            serving.parse_args(["--configs", "plain-depth1", "--out", "x.json"]), None
+        )
+    )
     assert depth1["plain-depth1"] == ["--pp-size", "2", "--pp-async-batch-depth", "1"]
     assert c["sp"][:4] == c["plain"] and "--spexis-alpha" not in c["sp"]
     assert c["sp-alpha"] == c["sp"] + ["--spexis-alpha", "0.3"]
@@ -297,3 +301,37 @@ def test_a_workload_file_replays_its_lengths_capped_only_on_request(tmp_path):
     assert [r.output_len for r in serving.build_rows(args, "unused")] == [5, 64, 64]
     args = serving.parse_args(["--workload", str(path), "--num-prompts", "2", "--out", "x"])
     assert len(serving.build_rows(args, "unused")) == 2
+
+
+def test_bench_serving_warms_up_a_fresh_server_only():
+    args = serving.parse_args(["--out", "unused.json"])
+    first = serving.bench_command(args, "http://h:1", 4.0, "o.jsonl", ["--dataset-name", "x"])
+    later = serving.bench_command(args, "http://h:1", 8.0, "o.jsonl", [], warmup=False)
+    assert "--warmup-requests" not in first
+    assert later[later.index("--warmup-requests") + 1] == "0"
+    assert later[later.index("--request-rate") + 1] == "8.0"
+
+
+@pytest.mark.parametrize(
+    "extra, timeout, message",
+    [
+        # no server there: bench_serving gives up after its ready check and exits 1
+        (["--ready-check-timeout-sec", "1"], 60, r"SystemExit\(1\)"),
+        ([], 1, "ran past --bench-timeout"),
+    ],
+)
+def test_bench_serving_failures_raise_and_leave_argv_alone(extra, timeout, message):
+    """bench_serving runs in the sweep's process: its exit, an exception or a hang becomes a
+    RuntimeError naming it (the sweep stops its server and keeps what it has), and the
+    sweep's own sys.argv is put back."""
+    from spexis_sglang.cpu_support import activate
+
+    activate()
+    argv = list(serving.sys.argv)
+    bench = ["--backend", "sglang", "--base-url", "http://127.0.0.1:9"]
+    bench += ["--dataset-name", "random-ids", "--num-prompts", "1", "--random-input-len", "4"]
+    tokenizer = os.path.join(HERE, "..", "..", "benchmark", "gpu", "configs", "tiny-llama")
+    bench += ["--random-output-len", "2", "--tokenizer", tokenizer]
+    with pytest.raises(RuntimeError, match=message):
+        serving.run_bench_serving(bench + extra, timeout)
+    assert serving.sys.argv == argv
