@@ -594,7 +594,10 @@ def run_rate(args, server, rate: float, dataset: List[str], warmup: bool = True)
         out = os.path.join(tmp, "bench.jsonl")
         cmd = bench_command(args, server.base_url, rate, out, dataset, warmup)
         t0 = time.time()
-        run_bench_serving(cmd, args.bench_timeout)
+        try:
+            run_bench_serving(cmd, args.bench_timeout)
+        except RuntimeError as exc:
+            raise RuntimeError(f"at rate {rate}: {exc}") from exc
         with open(out) as f:
             result = json.loads(f.read().splitlines()[-1])
     log1 = read_log(server.log_path)
