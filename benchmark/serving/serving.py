@@ -81,6 +81,8 @@ correctness-level (2 shared cores, torch-native attention).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -410,9 +412,6 @@ def run_bench_serving(bench_args: List[str], timeout: float) -> None:
 
     Its printed report is kept back; on failure (an exception or its own ``sys.exit``, or
     after ``timeout`` seconds) RuntimeError carries its tail. A signal still unwinds."""
-    import contextlib
-    import io
-
     from spexis_sglang.srt.bench_cli import main as bench_main
 
     printed, argv = io.StringIO(), sys.argv  # the bench sets sys.argv: ours is put back

@@ -284,7 +284,10 @@ class OnlineAlpha:
         #: this iteration is a latency probe at alpha 1 (alpha 0 only; see the module docstring)
         self.probing = False
         self.probe_period = self.explore
-        self._next_probe = self.explore + max(self.explore // 2, 1)
+        # a probe falls half an explore period after an explore (the first one, or the choice
+        # that resets the period), so the two seldom meet
+        self._probe_offset = max(self.explore // 2, 1)
+        self._next_probe = self.explore + self._probe_offset
         self.probe_iterations = 0
         self._probe_left = 0  # iterations of the running probe still to come
         self.half_life = float(half_life)
@@ -511,7 +514,7 @@ class OnlineAlpha:
             self.probe_period = min(2 * self.probe_period, self.explore_max)
         else:
             self.probe_period = self.explore
-            self._next_probe = self.iteration + max(self.explore // 2, 1)
+            self._next_probe = self.iteration + self._probe_offset
         self.history.append((self.iteration, self.alpha))
         return self.alpha
 
