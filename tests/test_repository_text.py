@@ -112,6 +112,27 @@ def test_no_commit_hashes_in_docs_code_or_scripts():
     assert not hits, "commit hashes in the text (git keeps the history):\n" + "\n".join(hits)
 
 
+# build outputs and downloads a checkout rebuilds or fetches: never tracked
+BUILD_OUTPUT = re.compile(r"\.(?:whl|egg|tar\.gz|tar\.xz|zip|pt|bin|gguf)$|(^|/)(?:dist|build)/")
+
+# the shipped draft and length heads are the largest files the repository keeps (~2.4 MB)
+MAX_TRACKED_BYTES = 4 * 2**20
+
+
+def test_no_build_outputs_or_large_files_tracked():
+    found = [p for p in tracked_files() if BUILD_OUTPUT.search(p)]
+    big = [
+        f"{p} ({os.path.getsize(os.path.join(ROOT, p)) / 2**20:.1f} MiB)"
+        for p in tracked_files()
+        if os.path.isfile(os.path.join(ROOT, p))
+        and os.path.getsize(os.path.join(ROOT, p)) > MAX_TRACKED_BYTES
+    ]
+    assert not found, "build outputs or downloads tracked (rebuild or fetch them):\n" + "\n".join(
+        found
+    )
+    assert not big, "files over 4 MiB tracked (weights and data are rebuilt):\n" + "\n".join(big)
+
+
 @pytest.mark.parametrize(
     "line, pattern",
     [
