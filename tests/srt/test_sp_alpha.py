@@ -2,7 +2,10 @@
 
 The loop below mirrors ``SpexisScheduler``'s order on stage 0: apply the drafts of the batch
 launched last, build the next rows, select, launch (``AlphaController.on_launch``), and once
-``N`` batches are in flight take the oldest one's true tokens (``on_result``).
+``N`` batches are in flight take the oldest one's true tokens (``on_result``). With ``lag``
+the drafts' copy to the host lands ``lag`` iterations after their batch's launch, and the
+pipeline reads them as the SP loop does: only where a drop depends on them, otherwise it
+records placeholders and hands the copy over for a later ranking.
 """
 
 from __future__ import annotations
@@ -22,14 +25,36 @@ def true_token(slot: int, position: int) -> int:
     return (slot * 1_000_003 + position * 7_919) % 50_000 + 1
 
 
+class DraftCopy:
+    """A batch's drafts on their way to the host: landed ``lag`` iterations after launch."""
+
+    def __init__(self, pipe: "Pipeline", conf: np.ndarray, lag: int):
+        self.pipe, self.conf, self.lands = pipe, conf, pipe.iteration + lag
+
+    def ready(self) -> bool:
+        return self.pipe.iteration >= self.lands
+
+    def read(self):
+        if not self.ready():  # the SP loop would wait for the copy here
+            self.pipe.early_reads.append("result" if self.pipe.in_result else "build")
+        return np.zeros(len(self.conf), dtype=np.int64), self.conf, None
+
+
 class Pipeline:
     """B requests decoding forever on an N-stage pipeline; a draft of confidence c is right
     with probability c (a calibrated head); one iteration takes ``a + b * rows`` seconds,
     rows being the largest batch in the pipe (the stages run theirs at once: the slowest sets
-    the pace)."""
+    the pace). ``lag``: see the module docstring (None: every copy has landed at once)."""
 
-    def __init__(self, ctrl: AlphaController, n: int, b: int, seed: int, a=2.0, slope=0.1):
-        self.ctrl, self.n = ctrl, n
+    def __init__(
+        self, ctrl: AlphaController, n: int, b: int, seed: int, a=2.0, slope=0.1, lag=None
+    ):
+        self.ctrl, self.n, self.lag = ctrl, n, lag
+        # reads of a copy before it landed: while building a batch, or while crediting a
+        # result's verdicts (whose batch came back from the last stage: its successor's
+        # drafts, queued right behind it on stage 0, have landed on a device)
+        self.early_reads: list = []
+        self.in_result = False
         self.st = SlotState(capacity=b + 3, depth=n)
         slots = np.arange(b, dtype=np.int64)
         self.st.admit(slots, 5, [true_token(s, 4) for s in slots])
@@ -61,15 +86,27 @@ class Pipeline:
 
     def step(self) -> None:
         st, ctrl = self.st, self.ctrl
+        own = np.ones(st.capacity)  # a draft's confidence not recorded in SlotState yet
         if self.last is not None:
             r = self.last
             conf = self.rng.random(len(r))
             right = self.rng.random(len(r)) < conf
             truth = np.array([true_token(s, p + 1) for s, p in zip(r.slot, r.position)])
-            st.on_draft(r.slot, r.position, r.epoch, np.where(right, truth, truth + 1), conf)
+            drafts = np.where(right, truth, truth + 1)
+            if self.lag is None or ctrl.needs_confidences():
+                ctrl.confidences_real = True
+                st.on_draft(r.slot, r.position, r.epoch, drafts, conf)
+            else:  # placeholders, as the SP loop records without reading
+                ctrl.confidences_real = False
+                ok = st.on_draft(r.slot, r.position, r.epoch, drafts, np.ones(len(r)))
+                if ctrl.wants_confidences():
+                    copy = DraftCopy(self, conf, self.lag)
+                    ctrl.defer_confidences(copy, r.slot[ok], np.flatnonzero(ok))
+                    own[r.slot[ok]] = conf[ok]
         rows = st.next_rows(self.running)
         spec = rows.is_spec
-        cand_bins = rank_bins(st.candidate_confidence(rows.slot[spec])) if spec.any() else []
+        cs = rows.slot[spec]
+        cand_bins = rank_bins(st.candidate_confidence(cs) * own[cs]) if spec.any() else []
         bin_of = dict(zip(rows.slot[spec].tolist(), np.asarray(cand_bins).tolist()))
         rows, dropped, _ = ctrl.select(st, rows, len(self.running))
         self.dropped.append(dropped.tolist())
@@ -106,7 +143,9 @@ class Pipeline:
                 (res.verdict == Verdict.ACCEPTED) | (res.verdict == Verdict.REJECTED), m
             )
             self._recorded = False
+            self.in_result = True
             ctrl.on_result(old, res.verdict)
+            self.in_result = False
             # a result the controller skipped holds no verdict it should have credited
             assert self._recorded or self._expect.size == 0
             self.verdicts["accepted"] += int(np.count_nonzero(res.verdict == Verdict.ACCEPTED))
@@ -243,29 +282,84 @@ def _waits(ctrl: AlphaController, iterations: int) -> list:
     return waits
 
 
+def _observes(ctrl: AlphaController, iterations: int) -> list:
+    """The iterations (1-based) that observe without their drops needing the confidences."""
+    observes = []
+    for _ in range(iterations):
+        if ctrl.wants_confidences() and not ctrl.needs_confidences():
+            observes.append(ctrl.online.iteration + 1)
+        ctrl.online.next_iteration(running=32)
+    return observes
+
+
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_auto_at_zero_or_one_waits_only_to_observe_or_choose(alpha) -> None:
-    """At alpha 0 or 1 the drops do not depend on confidences: stage 0 waits for them only on
-    its observed (explore) iterations and where the chooser may move alpha."""
+def test_auto_at_zero_or_one_never_waits_and_observes_its_explore_iterations(alpha) -> None:
+    """At alpha 0 or 1 the drops do not depend on confidences: stage 0 never waits for them.
+    Its explore iterations observe, ranking their candidates once the drafts have landed."""
     ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
     ctrl.online.alpha = alpha
-    assert _waits(ctrl, 80) == [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
+    assert _waits(ctrl, 80) == []
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
+    ctrl.online.alpha = alpha
+    assert _observes(ctrl, 80) == [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
     assert ctrl.online.alpha == alpha  # nothing measured: the chooser kept it
 
 
-def test_auto_at_alpha_one_waits_and_observes_rarely() -> None:
+@pytest.mark.parametrize("lag", [1, 2, 10**9])
+@pytest.mark.parametrize("auto, alpha", [(True, 0.0), (True, 1.0), (False, 0.0)])
+def test_observing_without_waiting_credits_the_ranks_an_immediate_read_gives(
+    lag, auto, alpha
+) -> None:
+    """The drafts' copy lands ``lag`` iterations after their batch (never, with 10**9): an
+    observed iteration at alpha 0 or 1 ranks its candidates later, and every verdict is
+    credited to the bin an immediate read would have given (``Pipeline``'s check). A copy is
+    read before it lands only when a verdict needs its rank, never while a batch is built."""
+    n = 2
+    ctrl = AlphaController(
+        64, depth=n, num_stages=n, alpha=alpha, auto=auto, interval=10**9, observe_every=4
+    )
+    ctrl.online.alpha = alpha
+    pipe = Pipeline(ctrl, n, b=24, seed=7, lag=lag)
+    for _ in range(600):
+        pipe.step()
+    assert ctrl.online.alpha == alpha
+    assert pipe.checked > 0 and ctrl.deferred_rankings > 0
+    total = pipe.verdicts["accepted"] + pipe.verdicts["rejected"]
+    assert pipe.checked + pipe.unobserved == total
+    assert "build" not in pipe.early_reads
+    if lag <= n - 1:  # landed before any verdict needs it: read at the next build
+        assert ctrl.deferred_forced == 0 and pipe.early_reads == []
+    else:
+        assert ctrl.deferred_forced == len(pipe.early_reads) > 0
+    if alpha == 0.0:  # every rank launched on the observed iterations: the profile falls
+        acc = ctrl.online.acceptance_by_bin()
+        assert acc[0] > acc[-1] + 0.2
+    immediate = AlphaController(
+        64, depth=n, num_stages=n, alpha=alpha, auto=auto, interval=10**9, observe_every=4
+    )
+    immediate.online.alpha = alpha
+    ref = Pipeline(immediate, n, b=24, seed=7)
+    for _ in range(600):
+        ref.step()
+    # the same drafts observed, the same verdicts credited
+    assert ref.checked == pipe.checked and immediate.deferred_rankings == 0
+    assert immediate.online.verdicts == pytest.approx(ctrl.online.verdicts)
+
+
+def test_auto_at_alpha_one_observes_rarely_and_never_waits() -> None:
     """Where a stage's time is proportional to its rows alpha goes to 1; its explore period
-    then backs off to 64, so stage 0 waits for confidences on 1 iteration in 64."""
+    then backs off to 64, so stage 0 observes 1 iteration in 64, and never waits."""
     ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20)
     pipe = Pipeline(ctrl, 2, b=32, seed=5, a=0.0, slope=0.1)
     for _ in range(3000):
         pipe.step()
     assert ctrl.alpha == 1.0 and ctrl.online.explore_period == 64
-    waits = 0
+    waits = observes = 0
     for _ in range(640):
         waits += ctrl.needs_confidences()
+        observes += ctrl.wants_confidences()
         pipe.step()
-    assert waits == 10 and ctrl.alpha == 1.0 and pipe.unobserved == 0
+    assert waits == 0 and observes == 10 and ctrl.alpha == 1.0 and pipe.unobserved == 0
 
 
 def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> None:
@@ -277,11 +371,13 @@ def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> 
     for _ in range(2000):
         pipe.step()
     assert ctrl.alpha == 0.0 and ctrl.online.probe_period == 64
-    probes, waits = ctrl.online.probe_iterations, 0
+    probes, waits, observes = ctrl.online.probe_iterations, 0, 0
     for _ in range(640):
         waits += ctrl.needs_confidences()
+        observes += ctrl.wants_confidences()
         pipe.step()
-    assert ctrl.online.probe_iterations - probes == 20 and waits == 80  # explores only
+    assert ctrl.online.probe_iterations - probes == 20 and waits == 0
+    assert observes == 80  # its explore iterations
     pipe.a, pipe.slope = 0.0, 0.1
     for _ in range(3000):
         pipe.step()

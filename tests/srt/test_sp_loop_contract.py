@@ -650,6 +650,48 @@ def test_auto_probes_at_alpha_zero_hold_drafts_and_stay_lossless(stages: int, mo
     assert st.rows_spec > 0 and st.rows_redone > 0
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_auto_observes_its_explore_iterations_without_waiting_for_the_drafts(
+    stages: int, monkeypatch
+) -> None:
+    """On a GPU the drafts' copy to the host lands after stage 0 has built its next batch.
+    ``auto`` at alpha 0 observes its explore iterations without reading that copy while it
+    builds a batch (here it never reports landed): the candidates are ranked when a verdict
+    needs their rank, every verdict is credited, and the outputs stay the target's."""
+    from spexis_sglang.srt import sp_alpha
+    from spexis_sglang.srt.sp_records import PendingDrafts
+
+    monkeypatch.setattr(sp_alpha, "AUTO_ALPHA_INITIAL", 0.0)
+    monkeypatch.setattr(PendingDrafts, "ready", lambda self: False)
+    sched = ContractScheduler(
+        stages, theta=0.6, alpha=0.0, alpha_auto=True, alpha_interval=10**6, alpha_explore=4
+    )
+    building, reads_while_building = [False], []
+    apply_drafts, read = sched.sp_apply_drafts, PendingDrafts.read
+
+    def spied_apply_drafts():
+        building[0] = True
+        try:
+            apply_drafts()
+        finally:
+            building[0] = False
+
+    def spied_read(self):
+        if building[0] and self._packed is not None:
+            reads_while_building.append(self)
+        return read(self)
+
+    sched.sp_apply_drafts = spied_apply_drafts
+    monkeypatch.setattr(PendingDrafts, "read", spied_read)
+    run = drive(sched, [Arrival(f"r{i}", list(range(1 + i, 9 + i)), 40, 0) for i in range(8)])
+    check_contract(run, exact_rows=False)
+    alpha = sched.sp.alpha
+    assert alpha.online.alpha == 0.0 and alpha.online.explore_iterations > 5
+    assert reads_while_building == []
+    assert alpha.deferred_rankings > 0 and alpha.online.verdicts > 0
+    assert alpha.as_dict()["deferred_rankings"] == alpha.deferred_rankings
+
+
 def test_a_full_kv_pool_retracts_and_the_outputs_stay_the_targets() -> None:
     # room for the prompts, little for their growth: speculation gives way, then requests
     # are retracted and prefilled again later

@@ -35,7 +35,7 @@ times (:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_itera
 weigh as before) and the estimates stay unbiased; they are a sample, so they are noisier.
 The drops themselves never depend on it: a fixed alpha drops the same rows either way.
 
-``auto`` waits for the confidences only where something depends on them. While its alpha lies
+``auto`` waits for the confidences only where a drop depends on them. While its alpha lies
 strictly inside (0, 1) the drops are chosen by confidence, so every iteration reads them and
 is observed (weight 1). At alpha 0 (every draft kept) and alpha 1 (every draft dropped: PP)
 they decide nothing, so stage 0 builds the next batch without waiting for its own forward
@@ -46,13 +46,25 @@ see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence
 one at every launch, weight 1. At alpha 0 its probes run ``depth`` iterations at alpha 1 (stock
 PP micro-batches, the drafts held for the next batch) for the latency fit only: not observed,
 no wait.
+
+An observed iteration whose drops do not depend on the confidences (``auto``'s explore
+iterations, a fixed alpha of 0 or 1 sampled by its observer) does not wait for them either:
+where the drafts' copy has not landed when the batch is built, the SP loop hands the pending
+copies over (:meth:`AlphaController.defer_confidences`) and the candidates are ranked once
+they land: at a later build if the copy is done by then, at the latest when a verdict needs
+the rank (:meth:`on_result`: the batch that verifies them came back from the last stage, so
+the forward that made them has finished and the copy queued behind it has landed, or all but),
+or after ``depth + 1`` more launches (the copy's pinned buffer is reused after ``2 N + 2``). The launched rows carry a tag in the
+ring until then. The key's other factor, the confidence of the drafts a candidate's row is
+built on, is taken at selection, as with an immediate read.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -68,6 +80,31 @@ from spexis_sglang.core.sp_stats import SPStats
 __all__ = ["AlphaController"]
 
 _ACCEPTED, _REJECTED = int(Verdict.ACCEPTED), int(Verdict.REJECTED)
+#: ring entries below this are a deferred ranking's tag (``-2 - its serial number``)
+_NOT_OBSERVED = -1
+
+
+class DraftCopy(Protocol):
+    """One launched batch's drafts on their way to the host (``sp_records.PendingDrafts``)."""
+
+    def ready(self) -> bool: ...
+
+    def read(self) -> tuple: ...
+
+
+@dataclass
+class _DeferredRanking:
+    """An observed iteration's candidates, ranked once their drafts' confidences land."""
+
+    tag: int
+    #: the candidates' slots and their selection key with placeholder own confidences
+    slots: np.ndarray
+    key: np.ndarray
+    #: (copy, the slots its rows recorded a draft for, those rows' indices), oldest first
+    sources: List[Tuple[DraftCopy, np.ndarray, np.ndarray]]
+    #: the launch count when launched, and the ring entries it wrote (None: not launched)
+    launch: int = -1
+    launched: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
 
 class AlphaController:
@@ -129,12 +166,24 @@ class AlphaController:
         self._iteration_weight = 1.0
         # this iteration's candidates' bins, by slot (read back at launch)
         self._candidate_bin = np.zeros(capacity, dtype=np.int64)
+        # scratch, by slot, for a deferred ranking
+        self._own_conf = np.ones(capacity)
+        self._bin_by_slot = np.zeros(capacity, dtype=np.int64)
         self._pipe_rows: deque[int] = deque(maxlen=self.depth)
         self._last_launch: Optional[Tuple[int, float]] = None
         self.iteration_alpha = self.alpha
         #: the SP loop recorded the drafts' real confidences for this iteration's select
-        #: (placeholders otherwise: nothing is ranked then)
+        #: (placeholders otherwise: nothing is ranked then, unless their copies were handed
+        #: over by :meth:`defer_confidences`)
         self.confidences_real = True
+        # copies handed over for the next select, and the rankings waiting for theirs
+        self._sources: List[Tuple[DraftCopy, np.ndarray, np.ndarray]] = []
+        self._deferred: deque[_DeferredRanking] = deque()
+        self._launch_tag: Optional[int] = None  # this select's deferred ranking, to launch
+        self._serial = 0
+        #: rankings made later, and those whose copy was read before it reported done
+        self.deferred_rankings = 0
+        self.deferred_forced = 0
 
     @property
     def alpha(self) -> float:
@@ -164,11 +213,22 @@ class AlphaController:
             self._iteration_weight = float(self.online.explore_gap)
         else:
             observe, self._iteration_weight = self.online.iteration % k == 0, float(k)
-        self._observed = observe and self.confidences_real
+        sources, self._sources = self._sources, []
+        self._resolve_deferred(force=False)
+        self._launch_tag = None
+        deferred = observe and not self.confidences_real and bool(sources)
+        self._observed = observe and (self.confidences_real or deferred)
         spec = rows.is_spec
         if self._observed and spec.any():
             cs = rows.slot[spec]
-            self._candidate_bin[cs] = self.online.rank_bins(slots.candidate_confidence(cs))
+            key = slots.candidate_confidence(cs)
+            if deferred:
+                self._serial += 1
+                tag = _NOT_OBSERVED - self._serial
+                self._deferred.append(_DeferredRanking(tag, cs, key, sources))
+                self._candidate_bin[cs] = self._launch_tag = tag
+            else:
+                self._candidate_bin[cs] = self.online.rank_bins(key)
         if self.iteration_alpha >= 1.0 and patchable is not None:
             cap = -(-running // max(stages, 1))
             return slots.select_pp(rows, patchable, pipelined, cap)
@@ -183,20 +243,48 @@ class AlphaController:
         # a choice iteration (peek None) that moves alpha inside (0, 1) drops by placeholder
         # confidences once: any drop is lossless, so it is not worth a wait every interval
         a = self.online.peek_alpha()
-        return (
-            (a is not None and 0.0 < a < 1.0)
-            or self._drops_by_confidence()
-            or self._next_observed()
-        )
+        return (a is not None and 0.0 < a < 1.0) or self._drops_by_confidence()
 
     def _drops_by_confidence(self) -> bool:
         return 0.0 < self.online.alpha < 1.0
 
     def wants_confidences(self) -> bool:
-        """The next :meth:`select` would observe (a fixed alpha's sampled iteration): the SP
-        loop reads the confidences if they have landed, and says so (``confidences_real``);
-        otherwise that iteration goes unobserved rather than wait for the device."""
+        """The next :meth:`select` observes but its drops do not depend on the confidences
+        (``auto``'s explore iterations, a fixed alpha's sampled ones): the SP loop reads them
+        if they have landed and says so (``confidences_real``), and otherwise hands their
+        copies over (:meth:`defer_confidences`) rather than wait for the device."""
         return self._next_observed()
+
+    def defer_confidences(self, copy: DraftCopy, slots: np.ndarray, rows: np.ndarray) -> None:
+        """The next :meth:`select` ranks its candidates later: ``copy`` holds the drafts
+        recorded (as placeholders) for ``slots``, at ``rows`` of the copy. Called for each
+        batch applied before that select, oldest first (a later draft of a slot wins)."""
+        self._sources.append((copy, np.asarray(slots, dtype=np.int64), np.asarray(rows)))
+
+    def _resolve_deferred(self, force: bool) -> None:
+        """Rank the deferred candidates whose copies have landed (all of them if ``force``),
+        oldest first, and write the bins into the ring entries their launch tagged."""
+        while self._deferred:
+            d = self._deferred[0]
+            if d.launched is None:  # selected, never launched (nothing fitted in memory)
+                self._deferred.popleft()
+                continue
+            old = self._launches - d.launch > self.depth
+            if not (force or old or all(c.ready() for c, _, _ in d.sources)):
+                return
+            self._deferred.popleft()
+            if not all(c.ready() for c, _, _ in d.sources):
+                self.deferred_forced += 1
+            own = self._own_conf
+            own[d.slots] = 1.0
+            for copy, slots, rows in d.sources:
+                own[slots] = np.asarray(copy.read()[1])[rows]
+            bins = self._bin_by_slot
+            bins[d.slots] = self.online.rank_bins(d.key * own[d.slots])
+            s, col = d.launched
+            mine = self._ring[s, col] == d.tag  # not rewritten by a later launch since
+            self._ring[s[mine], col[mine]] = bins[s[mine]]
+            self.deferred_rankings += 1
 
     def _next_observed(self) -> bool:
         k = self.observe_every
@@ -214,9 +302,14 @@ class AlphaController:
         # launched draft in flight, so its column holds nothing that will be read
         s = rows.slot
         column = rows.position % self.depth
-        self._ring[s, column] = self._candidate_bin[s] if observed else -1
+        self._ring[s, column] = self._candidate_bin[s] if observed else _NOT_OBSERVED
         if observed:
             self._ring_weight[s, column] = self._iteration_weight
+            if self._launch_tag is not None:  # this select's ranking, deferred
+                d = self._deferred[-1]
+                tagged = self._candidate_bin[s] == d.tag
+                d.launch, d.launched = self._launches + 1, (s[tagged], column[tagged])
+                self._launch_tag = None
         now = self._clock()
         last = self._last_launch
         if last is None or last[0] != iteration - 1:
@@ -243,6 +336,9 @@ class AlphaController:
         s = rows.slot[verified]
         column = (rows.position[verified] + 1) % self.depth
         bins = self._ring[s, column]
+        if (bins < _NOT_OBSERVED).any():  # ranked later: their copies are done by now
+            self._resolve_deferred(force=True)
+            bins = self._ring[s, column]
         seen = bins >= 0  # drafts launched on observed iterations
         if not seen.all():
             s, column, bins = s[seen], column[seen], bins[seen]
@@ -263,6 +359,8 @@ class AlphaController:
         """The live state (``/server_info`` ``internal_states[0]["spexis_alpha"]``)."""
         d = self.online.as_dict()
         d["mode"] = "auto" if self.auto else "fixed"
+        d["deferred_rankings"] = self.deferred_rankings
+        d["deferred_forced"] = self.deferred_forced
         d["alpha"] = self.alpha
         if not self.auto:
             # what the chooser would pick from what it saw (meaningful at alpha 0, where every

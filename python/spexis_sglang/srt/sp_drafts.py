@@ -130,7 +130,9 @@ class SPDraftsMixin:
 
         Their values are read (waiting for the copy behind the forward) only where the host
         needs them: to choose which drafts to drop (alpha), for a grammar's draft mask or the
-        last stage's penalties, or the draft log. Otherwise a speculative row's input comes
+        last stage's penalties, or the draft log (an observed iteration whose drops do not
+        depend on them ranks its candidates once the copy has landed:
+        ``AlphaController.defer_confidences``). Otherwise a speculative row's input comes
         from the device (``_sp_resolve_rows``) and verification compares the draft that
         comes back with the true token, so placeholders are recorded and stage 0 does not
         wait for its own forward; a predictor's length buckets are taken once they have
@@ -142,8 +144,9 @@ class SPDraftsMixin:
         with sp.phases.phase("draft_sync"):
             pending, sp.pending_drafts = sp.pending_drafts, []
             read = self._sp_needs_draft_values()
-            if not read and sp.alpha is not None and sp.alpha.wants_confidences():
-                read = all(p.ready() for p in pending)  # observe only if it costs no wait
+            observe = not read and sp.alpha is not None and sp.alpha.wants_confidences()
+            if observe:  # the next select observes: read what has landed, rank the rest later
+                read = all(p.ready() for p in pending)
             if sp.alpha is not None:
                 sp.alpha.confidences_real = read
             for p in pending:
@@ -156,7 +159,9 @@ class SPDraftsMixin:
                         sp.late_buckets.append(p)
                 if sp.draft_log is not None:
                     self._sp_log_drafts(rows, ids, conf, buckets)
-                sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
+                recorded = sp.slots.on_draft(rows.slot, rows.position, rows.epoch, ids, conf)
+                if observe and not read:
+                    sp.alpha.defer_confidences(p, rows.slot[recorded], np.flatnonzero(recorded))
                 self._sp_record_buckets(rows, buckets)
             if sp.length_oracle is not None:  # benchmark only: replaces a predictor
                 for p in pending:
