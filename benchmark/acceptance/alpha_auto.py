@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 
 from spexis_sglang.core.online_alpha import LatencyFit, OnlineAlpha  # noqa: E402
-from spexis_sglang.core.selection import RankAcceptanceProfile, choose_alpha  # noqa: E402
+from spexis_sglang.core.selection import choose_alpha  # noqa: E402
 from spexis_sglang.default_model import ensure_default_model  # noqa: E402
 from spexis_sglang.srt.stats import stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
@@ -200,7 +200,7 @@ def offline_choice(alpha0: dict, num_stages: int, batch: int, auto: dict | None)
     lat, source = b["latency"], "alpha0"
     if not lat["identified"] and auto is not None:
         lat, source = auto["phases"]["translation"]["alpha_state_at_end"]["latency"], "auto"
-    fit = LatencyFit(lat["intercept_s"], lat["slope_s"], lat["identified"])
+    fit = LatencyFit(lat["intercept_s"], lat["slope_s"], lat["identified"], lat.get("wait_s", 0.0))
     out = {"latency": lat, "latency_from": source, "batch": batch, "profiles": {}, "alpha": {}}
 
     def profile(verified, accepted):
@@ -213,7 +213,7 @@ def offline_choice(alpha0: dict, num_stages: int, batch: int, auto: dict | None)
     both_a = sum(c[1] / max(c[0].sum(), 1e-9) for c in counts.values())
     for key, (v, acc) in list(counts.items()) + [("workload", (both_v * 1000, both_a * 1000))]:
         prof = profile(v, acc)
-        best, _ = choose_alpha(num_stages, batch, prof, fit, model="exact")
+        best, _ = choose_alpha(num_stages, batch, prof, fit, model="exact", interior_cost=fit.wait)
         out["profiles"][key] = [round(x, 4) for x in prof.acceptance]
         out["alpha"][key] = best.alpha
     return out

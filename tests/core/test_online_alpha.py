@@ -116,6 +116,58 @@ def test_constant_rows_give_a_flat_fallback_then_keep_the_last_identified_fit() 
     assert kept.identified and kept.slope == pytest.approx(identified.slope, rel=1e-6)
 
 
+def test_the_wait_for_confidences_is_fitted_apart_and_kept() -> None:
+    """Inside (0, 1) stage 0 waits for the drafts' confidences before it builds a batch; its
+    explore iterations do not. The fit separates that wait from the cost of rows (within
+    each kind of sample, rows vary), keeps it once only unwaited samples come in, and takes
+    it out of samples that all waited."""
+    wait = 0.75
+    oa = OnlineAlpha(N, half_life=50)
+    for i in range(400):
+        oa.next_iteration(B)
+        waited = i % 8 != 7
+        x = (10 + (i % 5)) if waited else (16 + (i % 3))
+        oa.record_iteration(x, LATENCY(x) + (wait if waited else 0.0), waited=waited)
+    fit = oa.latency()
+    assert fit.identified and fit.wait_identified
+    assert fit.intercept == pytest.approx(LATENCY.intercept, rel=1e-6)
+    assert fit.slope == pytest.approx(LATENCY.slope, rel=1e-6)
+    assert fit.wait == pytest.approx(wait, rel=1e-6)
+    for i in range(2000):  # alpha left (0, 1): no sample waits any more
+        oa.next_iteration(B)
+        oa.record_iteration(12 + 4 * (i % 2), LATENCY(12 + 4 * (i % 2)))
+    kept = oa.latency()
+    assert kept.wait_identified and kept.wait == pytest.approx(wait, rel=1e-6)
+    assert kept.intercept == pytest.approx(LATENCY.intercept, rel=1e-6)
+    for i in range(2000):  # every sample waits (no explore iterations): the wait comes out
+        oa.next_iteration(B)
+        x = 12 + 4 * (i % 2)
+        oa.record_iteration(x, LATENCY(x) + wait, waited=True)
+    alone = oa.latency()
+    assert alone.intercept == pytest.approx(LATENCY.intercept, rel=1e-6)
+    assert alone.slope == pytest.approx(LATENCY.slope, rel=1e-6)
+    fresh = OnlineAlpha(N)
+    fresh.next_iteration(B)
+    fresh.record_iteration(16, 3.0)
+    assert fresh.latency().wait == 0.0 and not fresh.latency().wait_identified
+
+
+def test_an_interior_alpha_pays_the_wait_in_the_choice() -> None:
+    profile = RankAcceptanceProfile(TRANSLATION)
+    free, _ = choose_alpha(N, B, profile, LATENCY, ONLINE_ALPHA_GRID, model="exact")
+    assert 0.0 < free.alpha < 1.0
+    _, evaluated = choose_alpha(
+        N, B, profile, LATENCY, ONLINE_ALPHA_GRID, model="exact", interior_cost=1.0
+    )
+    for c in evaluated:
+        extra = 1.0 if 0.0 < c.alpha < 1.0 else 0.0
+        assert c.latency_s == pytest.approx(LATENCY(c.rows) + extra)
+    costly, _ = choose_alpha(
+        N, B, profile, LATENCY, ONLINE_ALPHA_GRID, model="exact", interior_cost=10.0
+    )
+    assert costly.alpha in (0.0, 1.0)
+
+
 def test_profile_is_smoothed_monotone_and_none_without_data() -> None:
     oa = OnlineAlpha(N, bins=4, prior_weight=2.0)
     assert oa.profile() is None

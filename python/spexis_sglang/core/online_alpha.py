@@ -20,7 +20,8 @@ What is measured
   acceptance of a verified draft.
 * **Iteration time against rows** (the chooser's ``T_sp(rows)``): one sample per iteration
   (:meth:`OnlineAlpha.record_iteration`), fitted by weighted least squares as
-  ``T(rows) = a + b * rows`` (see *Latency* below).
+  ``T(rows) = a + b * rows``, plus a wait on iterations whose drops waited for the drafts'
+  confidences (see *Latency* below).
 * **Batch** ``B``: the running requests (candidates plus normal rows), averaged the same way.
 
 Every count is exponentially decayed per iteration with half-life ``half_life`` iterations
@@ -75,12 +76,22 @@ Estimates
   ``alpha`` goes to 0 until rows vary. Hence ``initial`` is above 0 (0.15, the low end of
   the paper's range): its drops plus the explore iterations make the rows vary from the
   start.
+* The wait for confidences: where ``alpha`` lies strictly inside (0, 1) the drops depend on
+  the drafts' confidences, so stage 0 waits for its own forward before it builds the next
+  batch, and the GPU idles while it builds (on an emulated two-GPU H200 box that made an
+  iteration 1.2-2.2x its GPU time at small batches). At ``alpha`` 0 or 1, and on explore
+  iterations, it does not wait. The caller marks each sample (``waited``) and the fit is
+  ``T(rows) + wait`` on waited samples: ``a + b * rows + wait * z`` by weighted least squares,
+  the slope from the spread of rows within each kind of sample. Once both kinds have
+  ``min_group`` (decayed) samples the wait is measured; it is kept when only one kind comes
+  in afterwards (and taken out of waited samples then). Before it is first measured it is
+  taken as 0, so an interior ``alpha`` is tried on its merits and then charged what it costs.
 
 Decision
 --------
 Every ``interval`` iterations, once at least ``min_verdicts`` (decayed) verdicts and
 ``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T, grid,
-model)``. The new ``alpha`` replaces the current one only if its predicted throughput beats
+model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its predicted throughput beats
 the current ``alpha``'s by more than ``margin`` (relative), so noise does not make ``alpha``
 flap between near-equal choices.
 
@@ -191,12 +202,17 @@ def isotonic_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LatencyFit:
-    """``T(rows) = intercept + slope * rows`` seconds per iteration."""
+    """``T(rows) = intercept + slope * rows`` seconds per iteration, plus ``wait`` on an
+    iteration whose drops depend on the drafts' confidences (``alpha`` strictly inside
+    (0, 1): stage 0 waits for its own forward before it builds the next batch)."""
 
     intercept: float
     slope: float
     #: the slope was measured (False: flat fallback, no spread of rows seen yet)
     identified: bool
+    wait: float = 0.0
+    #: the wait was measured (False: 0, or the last measured one)
+    wait_identified: bool = False
 
     def __call__(self, rows: float) -> float:
         return self.intercept + self.slope * float(rows)
@@ -227,6 +243,8 @@ class OnlineAlpha:
         min_samples: decayed latency samples needed before the first choice.
         min_spread: rows; below this weighted standard deviation the slope is not identified.
         clip: a latency sample above ``clip`` times the current fit is clipped to it.
+        min_group: decayed samples of each kind (waited for confidences or not) needed
+            before the wait is fitted apart.
         margin: relative throughput gain a new ``alpha`` must predict over the current one.
         history: choices kept for :meth:`as_dict` (iteration, alpha).
     """
@@ -247,6 +265,7 @@ class OnlineAlpha:
         min_samples: float = 20.0,
         min_spread: float = 0.5,
         clip: float = 2.0,
+        min_group: float = 2.0,
         margin: float = 0.005,
         history: int = 1000,
     ) -> None:
@@ -299,6 +318,7 @@ class OnlineAlpha:
         self.min_samples = float(min_samples)
         self.min_spread = float(min_spread)
         self.clip = float(clip)
+        self.min_group = float(min_group)
         self.margin = float(margin)
 
         self.alpha = float(initial)
@@ -312,6 +332,8 @@ class OnlineAlpha:
         self._verified = np.zeros(self.bins)
         self._accepted = np.zeros(self.bins)
         self._lat = np.zeros(5)  # W, Sx, Sy, Sxx, Sxy
+        self._lat_waited = np.zeros(3)  # W, Sx, Sy of the samples that waited
+        self._wait: float | None = None  # the last identified wait
         self._batch = np.zeros(2)  # W, S(running)
         self._fit: LatencyFit | None = None  # the last identified fit
 
@@ -328,6 +350,7 @@ class OnlineAlpha:
         self._verified *= d
         self._accepted *= d
         self._lat *= d
+        self._lat_waited *= d
         self._batch *= d
         self._batch += (1.0, float(running))
         if self.iteration % self.interval == 0:
@@ -414,17 +437,23 @@ class OnlineAlpha:
                 b, weights=acc.astype(np.float64), minlength=self.bins
             )
 
-    def record_iteration(self, rows: float, seconds: float, weight: float = 1.0) -> None:
+    def record_iteration(
+        self, rows: float, seconds: float, weight: float = 1.0, waited: bool = False
+    ) -> None:
         """One iteration's wall time against the rows it carried (``weight``: how many
-        iterations the sample stands for, as in :meth:`record_verdicts`)."""
+        iterations the sample stands for, as in :meth:`record_verdicts`; ``waited``: its
+        drops depended on the drafts' confidences, so stage 0 waited for them)."""
         x, y = float(rows), float(seconds)
         if not (math.isfinite(x) and math.isfinite(y)) or y <= 0 or x <= 0:
             return
         cur = self.latency()
         if cur is not None and cur.identified:
-            y = min(y, self.clip * max(cur(x), 1e-12))
+            bound = cur(x) + (cur.wait if waited else 0.0)
+            y = min(y, self.clip * max(bound, 1e-12))
         w = float(weight)
         self._lat += (w, w * x, w * y, w * x * x, w * x * y)
+        if waited:
+            self._lat_waited += (w, w * x, w * y)
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -464,6 +493,14 @@ class OnlineAlpha:
         w, sx, sy, sxx, sxy = self._lat
         if w <= 0:
             return None
+        w1, sx1, sy1 = self._lat_waited
+        w0, sx0, sy0 = w - w1, sx - sx1, sy - sy1
+        if min(w0, w1) >= self.min_group:
+            return self._fit_with_wait(w, sxx, sxy, (w0, sx0, sy0), (w1, sx1, sy1))
+        # (nearly) one kind of sample: the slope as before, the waited samples' time less the
+        # wait as last measured
+        wait = self._wait if self._wait is not None else 0.0
+        sy, sxy = sy - wait * w1, sxy - wait * sx1
         mx, my = sx / w, sy / w
         var = max(sxx / w - mx * mx, 0.0)
         spread = max(self.min_spread, 0.02 * mx)
@@ -471,12 +508,39 @@ class OnlineAlpha:
             slope = max((sxy / w - mx * my) / var, 0.0)
             intercept = my - slope * mx
             if intercept < 0:  # time would vanish before zero rows: proportional instead
-                intercept, slope = 0.0, my / mx
+                intercept, slope = 0.0, max(my, 0.0) / mx
             self._fit = LatencyFit(intercept, slope, True)
-            return self._fit
+            return LatencyFit(intercept, slope, True, wait, self._wait is not None)
         if self._fit is not None:
-            return self._fit
-        return LatencyFit(my, 0.0, False)
+            f = self._fit
+            return LatencyFit(f.intercept, f.slope, True, wait, self._wait is not None)
+        return LatencyFit(max(my, 0.0), 0.0, False, wait, self._wait is not None)
+
+    def _fit_with_wait(self, w, sxx, sxy, g0, g1) -> LatencyFit:
+        """``y = a + b x + wait z`` by weighted least squares (``z``: the sample waited).
+        The slope comes from the spread of rows within each kind of sample (with the two
+        kinds' means apart, a wait and a slope would explain the same difference)."""
+        (w0, sx0, sy0), (w1, sx1, sy1) = g0, g1
+        mx0, my0, mx1, my1 = sx0 / w0, sy0 / w0, sx1 / w1, sy1 / w1
+        vxx = (sxx - w0 * mx0 * mx0 - w1 * mx1 * mx1) / w  # within-kind variance of rows
+        cxy = (sxy - w0 * mx0 * my0 - w1 * mx1 * my1) / w
+        mx = (sx0 + sx1) / w
+        spread = max(self.min_spread, 0.02 * mx)
+        identified = vxx >= spread * spread
+        if identified:
+            slope = max(cxy / vxx, 0.0)
+        else:
+            slope = self._fit.slope if self._fit is not None else 0.0
+        intercept = my0 - slope * mx0
+        if intercept < 0:  # time would vanish before zero rows: proportional instead
+            intercept, slope = 0.0, max(my0, 0.0) / mx0
+        wait = max(my1 - slope * mx1 - intercept, 0.0)
+        self._wait = wait
+        if identified:
+            self._fit = LatencyFit(intercept, slope, True)
+        return LatencyFit(
+            intercept, slope, identified or self._fit is not None, wait, wait_identified=True
+        )
 
     # ------------------------------------------------------------------ choice
     def ready(self) -> bool:
@@ -490,7 +554,13 @@ class OnlineAlpha:
         if profile is None or latency is None or self.batch <= 0:
             return self.alpha
         best, evaluated = choose_alpha(
-            self.num_stages, self.batch, profile, latency, self.alphas, self.model
+            self.num_stages,
+            self.batch,
+            profile,
+            latency,
+            self.alphas,
+            self.model,
+            interior_cost=latency.wait,
         )
         self.choices += 1
         current = min(evaluated, key=lambda c: abs(c.alpha - self.alpha))
@@ -551,6 +621,8 @@ class OnlineAlpha:
                     "intercept_s": lat.intercept,
                     "slope_s": lat.slope,
                     "identified": lat.identified,
+                    "wait_s": lat.wait,
+                    "wait_identified": lat.wait_identified,
                 }
             ),
             "last_choice": None if last is None else last.__dict__.copy(),

@@ -208,13 +208,15 @@ def choose_alpha(
     latency: Callable[[float], float],
     alphas: Sequence[float] = DEFAULT_ALPHA_GRID,
     model: str = "paper",
+    interior_cost: float = 0.0,
 ) -> tuple[AlphaChoice, list[AlphaChoice]]:
     """Pick the drop ratio that maximises SP_alpha throughput (Table 1).
 
     For every candidate ``alpha``: ``Theta_alpha`` from the rank profile, rows and effective
     batch from Eq. 3-4 (``model="paper"``) or :func:`cost_model.sp_alpha_exact`
-    (``model="exact"``), throughput ``effective / latency(rows)``. Ties go to the smaller
-    alpha (less speculation withheld).
+    (``model="exact"``), throughput ``effective / latency(rows)``, plus ``interior_cost``
+    seconds per iteration for an ``alpha`` strictly inside (0, 1), whose drops wait for the
+    drafts' confidences. Ties go to the smaller alpha (less speculation withheld).
 
     Returns:
         ``(best, all_evaluated)``.
@@ -225,7 +227,7 @@ def choose_alpha(
     for a in sorted(set(float(x) for x in alphas)):
         th = profile.theta_alpha(a)
         ss = _sp_alpha_state(batch, num_stages, th, a, model)
-        lat = float(latency(ss.rows))
+        lat = float(latency(ss.rows)) + (interior_cost if 0.0 < a < 1.0 else 0.0)
         evaluated.append(
             AlphaChoice(
                 alpha=a,

@@ -43,7 +43,9 @@ they decide nothing, so stage 0 builds the next batch without waiting for its ow
 GPU); it then observes only its explore iterations (alpha 0: every rank launched), each
 counting for the iterations since the previous one (the explore period backs off at alpha 1,
 see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto`` takes
-one at every launch, weight 1. At alpha 0 its probes run ``depth`` iterations at alpha 1 (stock
+one at every launch, weight 1, marked where the iteration's drops waited for the confidences
+(alpha inside (0, 1); its explore iterations drop nothing and do not wait), so the chooser
+charges an interior alpha the wait it costs. At alpha 0 its probes run ``depth`` iterations at alpha 1 (stock
 PP micro-batches, the drafts held for the next batch) for the latency fit only: not observed,
 no wait.
 
@@ -180,6 +182,7 @@ class AlphaController:
         self._sources: List[Tuple[DraftCopy, np.ndarray, np.ndarray]] = []
         self._deferred: deque[_DeferredRanking] = deque()
         self._launch_tag: Optional[int] = None  # this select's deferred ranking, to launch
+        self._waited = False
         self._serial = 0
         #: rankings made later, and those whose copy was read before it reported done
         self.deferred_rankings = 0
@@ -218,6 +221,8 @@ class AlphaController:
         self._launch_tag = None
         deferred = observe and not self.confidences_real and bool(sources)
         self._observed = observe and (self.confidences_real or deferred)
+        # this iteration's drops waited for the confidences (its latency sample says so)
+        self._waited = 0.0 < self.iteration_alpha < 1.0 and self.confidences_real
         spec = rows.is_spec
         if self._observed and spec.any():
             cs = rows.slot[spec]
@@ -241,9 +246,13 @@ class AlphaController:
         if not self.auto:
             return 0.0 < self.fixed < 1.0
         # a choice iteration (peek None) that moves alpha inside (0, 1) drops by placeholder
-        # confidences once: any drop is lossless, so it is not worth a wait every interval
+        # confidences once: any drop is lossless, so it is not worth a wait every interval.
+        # An explore iteration inside (0, 1) drops nothing: it does not wait either, and its
+        # latency sample is what the wait is measured against (OnlineAlpha.latency).
         a = self.online.peek_alpha()
-        return (a is not None and 0.0 < a < 1.0) or self._drops_by_confidence()
+        if a is None:
+            a = self.online.alpha
+        return 0.0 < a < 1.0
 
     def _drops_by_confidence(self) -> bool:
         return 0.0 < self.online.alpha < 1.0
@@ -316,7 +325,9 @@ class AlphaController:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
         elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
             weight = 1.0 if self.auto else self._weight
-            self.online.record_iteration(max(self._pipe_rows), now - last[1], weight)
+            self.online.record_iteration(
+                max(self._pipe_rows), now - last[1], weight, waited=self._waited
+            )
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
         self._launches += 1
