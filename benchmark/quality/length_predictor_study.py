@@ -28,7 +28,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, replace
 
 import numpy as np
 import torch

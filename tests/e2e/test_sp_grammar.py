@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Dict, List
+from typing import Dict
 
 import jsonschema
 import pytest

@@ -15,7 +15,6 @@ both stages share it (``SPEXIS_SHARE_GPU=1``, ``srt/hooks.share_one_gpu``).
 from __future__ import annotations
 
 import json
-import os
 from typing import Dict, Tuple
 
 import pytest

@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import pytest
 import torch

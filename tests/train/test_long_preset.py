@@ -2,7 +2,6 @@
 and partial merge with resume, the capped view, OOM halving, variant names, the compare report."""
 
 import math
-import os
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """End to end on a tiny Llama: collect is exact, the draft head and length predictor learn."""
 
 import os
-import string
 
 import pytest
 import torch

@@ -46,7 +46,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Optional, Sequence
+from typing import Generator, Optional
 
 import numpy as np
 

@@ -36,11 +36,8 @@ stream ``h + r`` at each sequence's last token, in fp32.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
-import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from spexis_sglang.data.mix import CATEGORIES, evaluation_mix
+from spexis_sglang.data.mix import evaluation_mix
 from spexis_sglang.data.splits import deterministic_sample, source_split, training_prompts
 
 logger = logging.getLogger(__name__)

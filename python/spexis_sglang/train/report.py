@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
