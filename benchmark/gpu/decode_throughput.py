@@ -279,20 +279,28 @@ def one_run(
     vocab: int,
     timeout: float,
     theta: Optional[float] = None,
+    snapshots: Optional[List[List[float]]] = None,
 ) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
-    """B fresh random prompts (no radix-cache reuse between runs), one /generate call."""
+    """B fresh random prompts (no radix-cache reuse between runs), one /generate call.
+    ``snapshots``: gets the wall-clock span of the ``/server_info`` call before and after it
+    (what pairs a later stage's logged state with them, :func:`later_stage_phases`)."""
     hi = min(vocab, 32000)
     prompts = [[rng.randrange(100, hi) for _ in range(in_len)] for _ in range(batch)]
     sampling: Dict[str, Any] = {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}
     if theta is not None:
         sampling["custom_params"] = {FORCE_ACCEPT_PARAM: theta}
     body = {"input_ids": prompts, "sampling_params": sampling}
+    t0 = time.time()
     before = server_state(srv)["spexis"]
+    t1 = time.time()
     t = time.perf_counter()
     out = srv.generate(body, timeout=timeout)
     dt = time.perf_counter() - t
+    t2 = time.time()
     after_state = server_state(srv)
     after = after_state["spexis"]
+    if snapshots is not None:
+        snapshots += [[t0, t1], [t2, time.time()]]
     if isinstance(out, dict):
         out = [out]
     lens = [
@@ -317,6 +325,21 @@ def one_run(
     return dt, delta, lens
 
 
+def phase_ms_per_iteration(
+    d_short: Dict[str, float], d_long: Dict[str, float]
+) -> Optional[Dict[str, float]]:
+    """A loop's wall ms per iteration by phase over the long run less the short one (what
+    the extra decode steps cost), from two runs' counter deltas (``stat_deltas``)."""
+    iters = d_long.get("iterations", 0) - d_short.get("iterations", 0)
+    if iters <= 0:
+        return None
+    return {
+        k[len("time_") : -len("_s")]: round(1e3 * (d_long[k] - d_short[k]) / iters, 4)
+        for k in d_long
+        if k.startswith("time_") and k in d_short
+    }
+
+
 def measure_batch(
     srv: Server,
     cfg: Dict[str, Any],
@@ -334,11 +357,12 @@ def measure_batch(
     in_len = input_len or a.input_len
 
     def measure_pair() -> Dict[str, Any]:
+        snapshots: List[List[float]] = []
         t_s, d_s, lens_s = one_run(
-            srv, rng, batch, in_len, a.short_output_len, vocab, a.request_timeout, theta
+            srv, rng, batch, in_len, a.short_output_len, vocab, a.request_timeout, theta, snapshots
         )
         t_l, d_l, lens_l = one_run(
-            srv, rng, batch, in_len, a.output_len, vocab, a.request_timeout, theta
+            srv, rng, batch, in_len, a.output_len, vocab, a.request_timeout, theta, snapshots
         )
         steps = a.output_len - a.short_output_len
         t_step = (t_l - t_s) / steps
@@ -354,6 +378,9 @@ def measure_batch(
             "t_step_s": t_step,
             "decode_tok_s": batch / t_step if t_step > 0 else None,
             "e2e_tok_s": batch * a.output_len / t_l,
+            # the /server_info spans around the short and the long run (removed once the
+            # later stages' states are read from the log: later_stage_phases)
+            "snapshots": snapshots,
         }
         n = cfg["n"]
         if cfg["kind"] == "pp":
@@ -363,7 +390,6 @@ def measure_batch(
             diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
             rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731
             verdicts = d_l.get("accepted", 0) + d_l.get("rejected", 0)
-            iters = d_l.get("iterations", 0) - d_s.get("iterations", 0)
             rec["sp"] = {
                 "short": d_s,
                 "long": d_l,
@@ -374,15 +400,7 @@ def measure_batch(
                 "acceptance": d_l.get("accepted", 0) / verdicts if verdicts else None,
                 "tokens_per_row": d_l.get("tokens_committed", 0) / rows(d_l) if rows(d_l) else None,
                 # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
-                "phase_ms_per_iteration": (
-                    {
-                        k[len("time_") : -len("_s")]: round(1e3 * (d_l[k] - d_s[k]) / iters, 4)
-                        for k in d_l
-                        if k.startswith("time_") and k in d_s
-                    }
-                    if iters > 0
-                    else None
-                ),
+                "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
             }
         return rec
 
@@ -561,6 +579,7 @@ def run_config(
         srv.stop()
     graphs = decode_graph_use(srv.log_path)
     gpu_ms = gpu_forward_times(srv.log_path)
+    attach_later_stages(results, srv.log_path)
     for res in results:
         res["decode_log_lines_by_cuda_graph"] = graphs
         res["gpu_forward_ms"] = gpu_ms
@@ -568,6 +587,75 @@ def run_config(
 
 
 GPU_FORWARD_LINE = re.compile(r"Spexis GPU forward ms by rows \((.*?)\): (\{.*\})")
+RANK_STATE_LINE = re.compile(r"Spexis rank state \((.*?)\): (\{.*\})")
+
+
+def rank_states(log_path: str) -> Dict[str, List[Dict[str, Any]]]:
+    """Every state a later pipeline rank logged on a ``/server_info`` (``{rank label: [state,
+    ...]}``, each with its wall-clock ``t``; stats.log_rank_state)."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = RANK_STATE_LINE.search(line)
+                if m:
+                    try:
+                        out.setdefault(m.group(1), []).append(json.loads(m.group(2)))
+                    except ValueError:
+                        continue
+    except OSError:
+        pass
+    return out
+
+
+def later_stage_phases(
+    states: Dict[str, List[Dict[str, Any]]], snapshots: List[List[float]]
+) -> Dict[str, Any]:
+    """Each later rank's loop by phase over one short/long pair, as stage 0's, from the
+    states it logged on the four ``/server_info`` calls (before and after the short run,
+    before and after the long one): for each call, the first state the rank logged after the
+    call began (it answers once the request has been relayed to it, possibly after stage 0
+    has replied) and before the next call began. A rank that logged none for a call is left
+    out."""
+    from spexis_sglang.srt.stats import stat_deltas
+
+    out: Dict[str, Any] = {}
+    if len(snapshots) != 4:
+        return out
+    starts = [t0 for t0, _ in snapshots] + [float("inf")]
+    for label, seen in states.items():
+        picked = []
+        for k in range(4):
+            inside = [
+                st
+                for st in seen
+                if starts[k] <= st.get("t", -1.0) < starts[k + 1] and st.get("spexis")
+            ]
+            if not inside:
+                break
+            picked.append(inside[0]["spexis"])
+        if len(picked) != 4:
+            continue
+        d_s, d_l = stat_deltas(picked[0], picked[1]), stat_deltas(picked[2], picked[3])
+        out[label] = {
+            "iterations": d_l.get("iterations", 0) - d_s.get("iterations", 0),
+            "decode_iterations": d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0),
+            "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
+        }
+    return out
+
+
+def attach_later_stages(results: List[Dict[str, Any]], log_path: str) -> None:
+    """Each measured point gets its later ranks' loop phases (``later_stages``); the
+    ``/server_info`` spans that paired them are dropped from the record."""
+    states = rank_states(log_path)
+    for res in results:
+        for rec in res.get("batches", []):
+            snapshots = rec.pop("snapshots", None)
+            if snapshots and states:
+                later = later_stage_phases(states, snapshots)
+                if later:
+                    rec["later_stages"] = later
 
 
 def gpu_forward_times(log_path: str) -> Dict[str, Dict[str, List[float]]]:

@@ -13,7 +13,8 @@ critical path. T is each server's own device time per decode forward, per rank, 
 ``SPEXIS_GPU_TIMERS`` logs it (``decode_throughput.gpu_forward_times``); a stage's time is the
 slowest rank's, T(B/N) from the stock PP server (depth 0) and T(B) from the SP server. Θ is the
 acceptance measured in the SP run (forced in the benchmark mode). Besides the ratios the table
-gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden).
+gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden),
+and each later stage's loop by phase where the run recorded it (``later_stages``).
 
     python3 benchmark/gpu/pipeline_ratio.py decode_throughput.json [rows.json [plot.png]]
 
@@ -116,6 +117,14 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     row["stage0_gpu_ms"] = t0
                     row["iter_over_gpu"] = round(1e3 * it / t0, 3)
                 row["phase_ms"] = spx.get("phase_ms_per_iteration")
+                later = {}
+                for label, st in (x.get("later_stages") or {}).items():
+                    later[label] = {
+                        "phase_ms": st.get("phase_ms_per_iteration"),
+                        "gpu_ms": stage_ms(sp, b, ctx, f"{label}, tp rank 0"),
+                    }
+                if later:
+                    row["later_stages"] = later
                 if spx.get("rows_per_iteration") is not None:
                     row["rows_per_iteration"] = round(spx["rows_per_iteration"], 1)
                 if spx.get("alpha_end") is not None:
@@ -147,6 +156,18 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
             f"{f('ideal'):>6} {f('of_ideal'):>6} {f('stage_ms_pp', '{:.2f}'):>7} "
             f"{f('stage_ms_sp', '{:.2f}'):>7} {f('iter_over_gpu', '{:.2f}'):>6}"
         )
+    later = [r for r in rows if r.get("later_stages")]
+    if later:
+        print("\nlater stages, ms per SP iteration by phase (their GPU ms per forward):")
+        for r in later:
+            for label, st in r["later_stages"].items():
+                phases = st.get("phase_ms") or {}
+                gpu = st.get("gpu_ms")
+                print(
+                    f"  {r['config']} in={r['input_len'] or 0} B={r['batch']} {label}: "
+                    + " ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                    + (f" (gpu {gpu:.2f})" if gpu else "")
+                )
 
 
 def plot(summary: Dict[str, Any], rows: List[Dict[str, Any]], path: str, title: str = "") -> None:

@@ -38,6 +38,9 @@ def _summary():
                 "input_len": 128,
                 "decode_tok_s": 3000.0,
                 "sp": {"acceptance": 0.75, "iter_time_s": 0.0055},
+                "later_stages": {
+                    "pp rank 1": {"phase_ms_per_iteration": {"busy": 5.6, "launch": 4.2}}
+                },
             }
         ],
         # the slowest rank is the stage time; stage 0's own time is the iteration's yardstick
@@ -63,6 +66,15 @@ def test_sp_is_set_against_the_best_stock_run_beside_the_ideal():
     assert row["ideal"] == pytest.approx(2 * 4.0 / (1.25 * 5.0), abs=1e-3)
     assert row["of_ideal"] == pytest.approx(1.2 / 1.28, abs=2e-3)
     assert row["iter_over_gpu"] == pytest.approx(5.5 / 5.0, abs=1e-3)
+    # a later stage's loop by phase, beside its own GPU time per forward
+    assert row["later_stages"] == {
+        "pp rank 1": {"phase_ms": {"busy": 5.6, "launch": 4.2}, "gpu_ms": 4.0}
+    }
+
+
+def test_the_table_prints_the_later_stages(capsys):
+    pipeline_ratio.print_table(pipeline_ratio.compare(_summary()))
+    assert "pp rank 1: busy 5.60 launch 4.20 (gpu 4.00)" in capsys.readouterr().out
 
 
 def test_plot_draws_a_png(tmp_path):

@@ -363,6 +363,11 @@ def test_as_dict_is_plain_json() -> None:
     d = json.loads(json.dumps(oa.as_dict()))
     assert d["alpha"] == oa.alpha and len(d["profile"]) == 10
     assert d["history"] and d["history"][-1][1] == oa.alpha
+    # with samples that waited for confidences too (the wait fitted apart)
+    for i in range(40):
+        oa.record_iteration(10 + i % 5, 3.0 + 0.1 * (i % 5) + (0.5 if i % 2 else 0.0), waited=i % 2)
+    d = json.loads(json.dumps(oa.as_dict()))
+    assert d["latency"]["wait_identified"] is True and d["latency"]["wait_s"] > 0
 
 
 def test_bad_arguments() -> None:

@@ -214,6 +214,16 @@ class LatencyFit:
     #: the wait was measured (False: 0, or the last measured one)
     wait_identified: bool = False
 
+    def __post_init__(self) -> None:  # plain Python numbers: the fit goes into JSON
+        for name, kind in (
+            ("intercept", float),
+            ("slope", float),
+            ("identified", bool),
+            ("wait", float),
+            ("wait_identified", bool),
+        ):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
     def __call__(self, rows: float) -> float:
         return self.intercept + self.slope * float(rows)
 

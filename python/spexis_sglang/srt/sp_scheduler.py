@@ -90,7 +90,13 @@ from spexis_sglang.srt.sp_observe import SPObserveMixin
 from spexis_sglang.srt.sp_records import SPLoopState
 from spexis_sglang.srt.sp_setup import SPSetupMixin
 from spexis_sglang.srt.sp_verify import SPVerifyMixin
-from spexis_sglang.srt.stats import StockPPPhaseTimers, phase_timers_enabled, spexis_state
+from spexis_sglang.srt.stats import (
+    StockPPPhaseTimers,
+    log_rank_state,
+    phase_timers_enabled,
+    rank_state_logging_enabled,
+    spexis_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -273,4 +279,8 @@ class SpexisScheduler(
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
         if self.sp_gpu_timer is not None:
             ret.internal_state["spexis_gpu_forward_ms"] = self.sp_gpu_timer.as_dict()
+        state = ret.internal_state.get("spexis")
+        if state is not None and self.ps.pp_rank > 0 and self.ps.tp_rank == 0:
+            if rank_state_logging_enabled():  # this reply is dropped: log it instead
+                log_rank_state(f"pp rank {self.ps.pp_rank}", {"spexis": state})
         return ret

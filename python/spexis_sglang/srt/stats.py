@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 logger = logging.getLogger(__name__)
 
 from spexis_sglang.core.sp_stats import SPStats
-from spexis_sglang.srt.config import ENV_PHASE_TIMERS, env_flag
+from spexis_sglang.srt.config import ENV_GPU_TIMERS, ENV_PHASE_TIMERS, env_flag
 
 # the SP loop's phases, in loop order (sp_scheduler.event_loop_sp); "forced" is the
 # benchmark-only forced acceptance (--spexis-benchmark-force-accept), a span inside
@@ -315,6 +315,29 @@ class GpuForwardTimer:
     def as_dict(self) -> Dict[str, list]:
         """``{"rows@ctx": [forwards, mean ms]}``."""
         return {k: [n, round(t / n, 4)] for k, (n, t) in sorted(self.totals.items())}
+
+
+#: a later pipeline rank's ``/server_info`` state, logged as it answers (benchmarks only)
+RANK_STATE_LOG_PREFIX = "Spexis rank state"
+
+
+def rank_state_logging_enabled() -> bool:
+    """Later ranks log their state on each ``/server_info`` under the benchmarks' timers
+    (``SPEXIS_PHASE_TIMERS=1`` or ``SPEXIS_GPU_TIMERS=1``)."""
+    return env_flag(ENV_PHASE_TIMERS) or env_flag(ENV_GPU_TIMERS)
+
+
+def log_rank_state(label: str, state: Dict[str, Any]) -> None:
+    """One JSON line: ``/server_info`` answers from stage 0 only (SGLang drops the later
+    ranks' replies), so a benchmark reads a later stage's loop phases and counters from the
+    line each rank logs when the request reaches it; ``t`` (``time.time()``) pairs the line
+    with the request that made it."""
+    logger.info(
+        "%s (%s): %s",
+        RANK_STATE_LOG_PREFIX,
+        label,
+        json.dumps({"t": time.time(), **state}, default=float),
+    )
 
 
 def spexis_state(stats: SPStats, phases: PhaseTimer) -> Dict[str, float]:

@@ -1,0 +1,82 @@
+"""A later pipeline stage's loop phases reach the decode benchmark through the log: each later
+rank logs its state when a ``/server_info`` request reaches it (``stats.log_rank_state``), and
+``decode_throughput`` pairs those lines with its own calls by their start times. Lines are
+written by the server's own function, so writer and reader agree on the format."""
+
+import logging
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "gpu"))
+
+import decode_throughput  # noqa: E402
+
+from spexis_sglang.srt import stats  # noqa: E402
+
+
+def state(iterations: int, decode: int, busy_s: float, launch_s: float) -> dict:
+    return {
+        "iterations": iterations,
+        "decode_iterations": decode,
+        "time_busy_s": busy_s,
+        "time_launch_s": launch_s,
+    }
+
+
+@pytest.fixture
+def log_file(tmp_path, monkeypatch):
+    path = tmp_path / "server.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s PP1] %(message)s"))
+    stats.logger.addHandler(handler)
+    monkeypatch.setattr(stats.logger, "level", logging.INFO)
+    clock = iter([10.0, 10.5, 13.0, 20.9, 31.0, 40.0])
+    monkeypatch.setattr(stats, "time", SimpleNamespace(time=lambda: next(clock)))
+    # the four calls of one short/long pair are answered at 10.5, 13.0, 20.9, 31.0 (the
+    # second well after it began: stage 0 had replied); 10.0 and 40.0 answer other calls
+    for it, dec, busy, launch in [
+        (0, 0, 0.0, 0.0),
+        (5, 4, 0.1, 0.05),
+        (25, 20, 0.5, 0.25),
+        (25, 20, 0.5, 0.25),
+        (85, 76, 1.7, 0.85),
+        (90, 80, 1.8, 0.9),
+    ]:
+        stats.log_rank_state("pp rank 1", {"spexis": state(it, dec, busy, launch)})
+    stats.logger.removeHandler(handler)
+    handler.close()
+    return str(path)
+
+
+def test_each_call_takes_the_first_state_logged_after_it_began(log_file):
+    states = decode_throughput.rank_states(log_file)
+    assert list(states) == ["pp rank 1"] and len(states["pp rank 1"]) == 6
+    # the calls began at 10.2, 12.0, 20.0, 30.0: before the short run, after it, before the
+    # long run, after it
+    snapshots = [[10.2, 10.3], [12.0, 12.1], [20.0, 20.1], [30.0, 30.1]]
+    later = decode_throughput.later_stage_phases(states, snapshots)
+    st = later["pp rank 1"]
+    # short: 25 - 5 = 20 iterations; long: 85 - 25 = 60; the difference, 40 iterations, took
+    # 1.2 - 0.4 = 0.8 s busy and 0.6 - 0.2 = 0.4 s launching
+    assert st["iterations"] == 40 and st["decode_iterations"] == 40
+    assert st["phase_ms_per_iteration"] == {"busy": 20.0, "launch": 10.0}
+
+
+def test_a_call_the_rank_never_answered_leaves_it_out(log_file):
+    states = decode_throughput.rank_states(log_file)
+    # no state between 13.5 and 20.0: the second call went unanswered
+    snapshots = [[10.2, 10.3], [13.5, 13.6], [20.0, 20.1], [30.0, 30.1]]
+    assert decode_throughput.later_stage_phases(states, snapshots) == {}
+    assert decode_throughput.later_stage_phases(states, snapshots[:3]) == {}
+
+
+def test_points_get_their_later_stages_and_lose_the_spans(log_file):
+    rec = {"batch": 16, "snapshots": [[10.2, 10.3], [12.0, 12.1], [20.0, 20.1], [30.0, 30.1]]}
+    results = [{"batches": [rec, {"batch": 32, "error": "x"}]}]
+    decode_throughput.attach_later_stages(results, log_file)
+    assert "snapshots" not in rec
+    assert rec["later_stages"]["pp rank 1"]["iterations"] == 40
