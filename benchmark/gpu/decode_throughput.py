@@ -386,6 +386,8 @@ def measure_batch(
         if cfg["kind"] == "pp":
             rec["stage_batch"] = batch / n
             rec["stage_time_s"] = t_step / n
+            if d_s is not None and d_l is not None:  # SPEXIS_PHASE_TIMERS=1: stage 0's steps
+                rec["stock_phase_ms_per_iteration"] = phase_ms_per_iteration(d_s, d_l)
         if cfg["kind"] == "sp" and d_s is not None and d_l is not None:
             diters = d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0)
             rows = lambda d: d.get("rows_normal", 0) + d.get("rows_spec", 0)  # noqa: E731

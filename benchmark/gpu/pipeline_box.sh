@@ -10,6 +10,8 @@
 #   decode    benchmark/gpu/decode_throughput.py for $MODELS: $KINDS at $BATCHES (and
 #             $EXTRA_INPUT sweeps on the same servers), Θ = $THETAS, one KV budget, graphs on;
 #             the table of pipeline_ratio.py last (SP/PP beside the ideal ratio)
+# SPEXIS_PHASE_TIMERS=1 times stock PP's loop by phase too (a few µs per step): stage 0's in
+# each point's stock_phase_ms_per_iteration; every later rank's, stock and SP, in later_stages.
 # TRANSPORT=ipc (default; the same link for stock PP and SP) or nccl. The IPC transport is
 # used only if the probe's IPC round trip worked on this machine (else NCCL, said so).
 # Output under $OUT: transport_probe.json, sp_equality_dummy.json, decode_throughput.json,
