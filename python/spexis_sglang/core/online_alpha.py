@@ -91,9 +91,9 @@ Decision
 --------
 Every ``interval`` iterations, once at least ``min_verdicts`` (decayed) verdicts and
 ``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T, grid,
-model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its predicted throughput beats
-the current ``alpha``'s by more than ``margin`` (relative), so noise does not make ``alpha``
-flap between near-equal choices.
+model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
+predicted throughput beats the current ``alpha``'s by more than ``margin`` (relative), so
+noise does not make ``alpha`` flap between near-equal choices.
 
 Everything is deterministic given the sequence of calls (no clock, no random source; the
 caller passes the measured seconds).

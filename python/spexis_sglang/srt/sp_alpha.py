@@ -27,13 +27,14 @@ With a fixed alpha the controller only observes (no explore iterations): the liv
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
 that is the offline choice for the current workload. Since nothing is decided from it, a fixed
 alpha observes only every ``observe_every``-th iteration (``--spexis-alpha-observe``, default
-:data:`~spexis_sglang.core.online_alpha.FIXED_ALPHA_OBSERVE_EVERY`; 1 observes every one): ranking every candidate, crediting verdicts and fitting latency
-cost stage 0 ~0.1-0.2 ms per iteration at B=256 on CPU, the largest part of what the
-controller costs. An observed iteration's verdicts and latency sample count ``observe_every``
-times (:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_iteration`'s
-``weight``), so the decayed counts keep their scale (the readiness thresholds and the prior
-weigh as before) and the estimates stay unbiased; they are a sample, so they are noisier.
-The drops themselves never depend on it: a fixed alpha drops the same rows either way.
+:data:`~spexis_sglang.core.online_alpha.FIXED_ALPHA_OBSERVE_EVERY`; 1 observes every one):
+ranking every candidate, crediting verdicts and fitting latency cost stage 0 ~0.1-0.2 ms per
+iteration at B=256 on CPU, the largest part of what the controller costs. An observed
+iteration's verdicts and latency sample count ``observe_every`` times
+(:meth:`OnlineAlpha.record_verdicts`' and :meth:`~OnlineAlpha.record_iteration`'s ``weight``),
+so the decayed counts keep their scale (the readiness thresholds and the prior weigh as before)
+and the estimates stay unbiased; they are a sample, so they are noisier. The drops themselves
+never depend on it: a fixed alpha drops the same rows either way.
 
 ``auto`` waits for the confidences only where a drop depends on them. While its alpha lies
 strictly inside (0, 1) the drops are chosen by confidence, so every iteration reads them and
@@ -42,23 +43,23 @@ they decide nothing, so stage 0 builds the next batch without waiting for its ow
 (that wait, the draft_sync phase, cost 1.2-1.5x the forward's GPU time at small batches on the
 GPU); it then observes only its explore iterations (alpha 0: every rank launched), each
 counting for the iterations since the previous one (the explore period backs off at alpha 1,
-see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto`` takes
-one at every launch, weight 1, marked where the iteration's drops waited for the confidences
-(alpha inside (0, 1); its explore iterations drop nothing and do not wait), so the chooser
-charges an interior alpha the wait it costs. At alpha 0 its probes run ``depth`` iterations at alpha 1 (stock
-PP micro-batches, the drafts held for the next batch) for the latency fit only: not observed,
-no wait.
+see :mod:`~spexis_sglang.core.online_alpha`). Latency samples need no confidence: ``auto``
+takes one at every launch, weight 1, marked where the iteration's drops waited for the
+confidences (alpha inside (0, 1); its explore iterations drop nothing and do not wait), so the
+chooser charges an interior alpha the wait it costs. At alpha 0 its probes run ``depth``
+iterations at alpha 1 (stock PP micro-batches, the drafts held for the next batch) for the
+latency fit only: not observed, no wait.
 
 An observed iteration whose drops do not depend on the confidences (``auto``'s explore
 iterations, a fixed alpha of 0 or 1 sampled by its observer) does not wait for them either:
 where the drafts' copy has not landed when the batch is built, the SP loop hands the pending
-copies over (:meth:`AlphaController.defer_confidences`) and the candidates are ranked once
-they land: at a later build if the copy is done by then, at the latest when a verdict needs
-the rank (:meth:`on_result`: the batch that verifies them came back from the last stage, so
-the forward that made them has finished and the copy queued behind it has landed, or all but),
-or after ``depth + 1`` more launches (the copy's pinned buffer is reused after ``2 N + 2``). The launched rows carry a tag in the
-ring until then. The key's other factor, the confidence of the drafts a candidate's row is
-built on, is taken at selection, as with an immediate read.
+copies over (:meth:`AlphaController.defer_confidences`) and the candidates are ranked once they
+land: at a later build if the copy is done by then, at the latest when a verdict needs the rank
+(:meth:`on_result`: the batch that verifies them came back from the last stage, so the forward
+that made them has finished and the copy queued behind it has landed, or all but), or after
+``depth + 1`` more launches (the copy's pinned buffer is reused after ``2 N + 2``). The
+launched rows carry a tag in the ring until then. The key's other factor, the confidence of the
+drafts a candidate's row is built on, is taken at selection, as with an immediate read.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPDraftsMixin:
-    """Stage 0's drafts: completing a batch on the device, reading and recording drafts. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """Stage 0's drafts: completing a batch on the device, reading and recording drafts.
+    (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def _sp_resolve_rows(self: SpexisScheduler, batch: ScheduleBatch) -> None:
         """Complete a decode batch on the device, in stream order before its forward: stage
