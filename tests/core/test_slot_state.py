@@ -536,6 +536,48 @@ def test_late_draft_of_a_previous_occupant_is_stale() -> None:
     assert not ss.has_pending_draft(0)[0] and len(ss.next_rows()) == 0
 
 
+def test_backfilled_confidences_are_the_ones_recorded_at_once() -> None:
+    """Drafts recorded with placeholder confidences (1) take their real ones later: a pending
+    draft its own, a launched one its place in the chain of the rows built on it. The keys
+    then equal those of a twin that recorded the real confidences at once; drafts of another
+    epoch or already verified are passed over."""
+    twins = [SlotState(capacity=3, depth=3) for _ in range(2)]
+    real, late = twins
+    for ss in twins:
+        ss.admit([0, 1, 2], verified_len=[3, 4, 5], last_token=[7, 8, 9])
+    rows = []
+    for ss in twins:
+        r = ss.next_rows()
+        ss.on_launch(r)
+        rows.append(r)
+    conf1 = np.array([0.9, 0.5, 0.2])
+    real.on_draft(rows[0].slot, rows[0].position, rows[0].epoch, [4, 5, 6], conf1)
+    late.on_draft(rows[1].slot, rows[1].position, rows[1].epoch, [4, 5, 6], np.ones(3))
+    spec = []
+    for ss in twins:  # the drafts launched: speculative rows in flight
+        r = ss.next_rows()
+        assert r.is_spec.all()
+        ss.on_launch(r)
+        spec.append(r)
+    conf2 = np.array([0.3, 0.8, 0.6])
+    real.on_draft(spec[0].slot, spec[0].position, spec[0].epoch, [1, 2, 3], conf2)
+    late.on_draft(spec[1].slot, spec[1].position, spec[1].epoch, [1, 2, 3], np.ones(3))
+    assert not np.allclose(late.candidate_confidence([0, 1, 2]), conf1 * conf2)
+    # the first drafts are in flight (chain), the second ones pending (own)
+    n = late.backfill_confidences(rows[1].slot, rows[1].position, rows[1].epoch, conf1)
+    n += late.backfill_confidences(spec[1].slot, spec[1].position, spec[1].epoch, conf2)
+    assert n == 6
+    want = real.candidate_confidence([0, 1, 2])
+    assert np.allclose(want, conf1 * conf2)
+    assert np.array_equal(late.candidate_confidence([0, 1, 2]), want)
+    # another epoch, or a draft no longer in flight (verified): nothing changes
+    stale = rows[1].epoch - 1
+    assert late.backfill_confidences(rows[1].slot, rows[1].position, stale, np.zeros(3)) == 0
+    late.on_result([4, 5, 6])  # the first batch's true tokens verify the first drafts
+    assert late.backfill_confidences(rows[1].slot, rows[1].position, rows[1].epoch, [0.0] * 3) == 0
+    assert np.array_equal(late.candidate_confidence([0, 1, 2]), conf2)
+
+
 def test_drop_counts_only_pending_drafts() -> None:
     ss = SlotState(capacity=3, depth=2)
     ss.admit([0, 1], verified_len=[3, 4], last_token=[7, 8])

@@ -28,8 +28,8 @@ def true_token(slot: int, position: int) -> int:
 class DraftCopy:
     """A batch's drafts on their way to the host: landed ``lag`` iterations after launch."""
 
-    def __init__(self, pipe: "Pipeline", conf: np.ndarray, lag: int):
-        self.pipe, self.conf, self.lands = pipe, conf, pipe.iteration + lag
+    def __init__(self, pipe: "Pipeline", rows, conf: np.ndarray, lag: int):
+        self.pipe, self.rows, self.conf, self.lands = pipe, rows, conf, pipe.iteration + lag
 
     def ready(self) -> bool:
         return self.pipe.iteration >= self.lands
@@ -88,6 +88,7 @@ class Pipeline:
     def step(self) -> None:
         st, ctrl = self.st, self.ctrl
         own = np.ones(st.capacity)  # a draft's confidence not recorded in SlotState yet
+        ctrl.land_deferred(st)  # as the SP loop, before it records new drafts
         if self.last is not None:
             r = self.last
             conf = self.rng.random(len(r))
@@ -101,7 +102,7 @@ class Pipeline:
                 ctrl.confidences_real = False
                 ok = st.on_draft(r.slot, r.position, r.epoch, drafts, np.ones(len(r)))
                 if ctrl.wants_confidences():
-                    copy = DraftCopy(self, conf, self.lag)
+                    copy = DraftCopy(self, r, conf, self.lag)
                     ctrl.defer_confidences(copy, r.slot[ok], np.flatnonzero(ok))
                     own[r.slot[ok]] = conf[ok]
         rows = st.next_rows(self.running)
@@ -368,6 +369,30 @@ def test_observing_without_waiting_credits_the_ranks_an_immediate_read_gives(
     # the same drafts observed, the same verdicts credited
     assert ref.checked == pipe.checked and immediate.deferred_rankings == 0
     assert immediate.online.verdicts == pytest.approx(ctrl.online.verdicts)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_inside_zero_one_the_drops_are_those_of_immediate_reads(n) -> None:
+    """Inside (0, 1) ``auto`` waits for the confidences except on its explore iterations,
+    which rank their drafts once they land. The confidences that land are written back, so
+    every later iteration drops the very drafts it would have dropped had the explore
+    iteration waited for them."""
+    dropped = []
+    for lag in (None, 1):
+        ctrl = AlphaController(64, depth=n, num_stages=n, auto=True, interval=10**9)
+        ctrl.online.alpha = 0.3
+        pipe = Pipeline(ctrl, n, b=24, seed=11, lag=lag)
+        for _ in range(400):
+            pipe.step()
+        assert ctrl.alpha == 0.3 and ctrl.online.explore_iterations >= 40
+        explores = ctrl.online.explore_iterations
+        if lag is None:
+            assert ctrl.deferred_rankings == 0
+        else:  # each explore iteration's, but the last ones, whose copy may still be out
+            assert explores - n <= ctrl.deferred_rankings <= explores
+        dropped.append(pipe.dropped)
+    assert sum(map(len, dropped[0])) > 1000
+    assert dropped[1] == dropped[0]
 
 
 def test_auto_at_alpha_one_observes_rarely_and_never_waits() -> None:

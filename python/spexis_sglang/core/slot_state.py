@@ -762,6 +762,29 @@ class SlotState:
             self._pending_conf[so] = np.asarray(confidences, dtype=np.float64)[ok]
         return ok
 
+    def backfill_confidences(
+        self,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        epochs: np.ndarray,
+        confidences: np.ndarray,
+    ) -> int:
+        """The real confidences of drafts :meth:`on_draft` recorded with placeholders (made
+        from rows ``(slot, position, epoch)``), once they reach the host: a draft still
+        pending takes its own, one launched and still unverified in flight takes it in the
+        chain of the rows built on it. Drafts since verified, dropped, or left behind by a
+        rejection (another epoch) are passed over. Only the selection key changes. Returns
+        how many drafts took their confidence."""
+        s = self._check_slots(_i64(slots))
+        q = _i64(positions) + 1  # the position each draft is for
+        conf = np.asarray(confidences, dtype=np.float64)
+        live = (self._status[s] == _ACTIVE) & (_i64(epochs) == self._epoch[s])
+        pending = live & self._has_pending[s] & (self._frontier[s] == q)
+        self._pending_conf[s[pending]] = conf[pending]
+        flying = live & ~pending & (self._verified[s] <= q) & (q < self._frontier[s])
+        self._ring_conf[s[flying], q[flying] % self.depth] = conf[flying]
+        return int(np.count_nonzero(pending | flying))
+
     def on_result(
         self,
         true_tokens: np.ndarray,

@@ -54,12 +54,15 @@ An observed iteration whose drops do not depend on the confidences (``auto``'s e
 iterations, a fixed alpha of 0 or 1 sampled by its observer) does not wait for them either:
 where the drafts' copy has not landed when the batch is built, the SP loop hands the pending
 copies over (:meth:`AlphaController.defer_confidences`) and the candidates are ranked once they
-land: at a later build if the copy is done by then, at the latest when a verdict needs the rank
-(:meth:`on_result`: the batch that verifies them came back from the last stage, so the forward
-that made them has finished and the copy queued behind it has landed, or all but), or after
-``depth + 1`` more launches (the copy's pinned buffer is reused after ``2 N + 2``). The
-launched rows carry a tag in the ring until then. The key's other factor, the confidence of the
-drafts a candidate's row is built on, is taken at selection, as with an immediate read.
+land: at a later build if the copy is done by then (:meth:`AlphaController.land_deferred`), at
+the latest when a verdict needs the rank (:meth:`on_result`: the batch that verifies them came
+back from the last stage, so the forward that made them has finished and the copy queued behind
+it has landed, or all but), or after ``depth + 1`` more launches (the copy's pinned buffer is
+reused after ``2 N + 2``). The launched rows carry a tag in the ring until then. The key's
+other factor, the confidence of the drafts a candidate's row is built on, is taken at
+selection, as with an immediate read. The confidences that land are written back into
+``SlotState`` (:meth:`SlotState.backfill_confidences`), so the keys of the rows built on those
+drafts are the ones an immediate read would have given them.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ _NOT_OBSERVED = -1
 
 
 class DraftCopy(Protocol):
-    """One launched batch's drafts on their way to the host (``sp_records.PendingDrafts``)."""
+    """One launched batch's drafts on their way to the host (``sp_records.PendingDrafts``):
+    the rows they were made from, and their values once landed."""
+
+    rows: Rows
 
     def ready(self) -> bool: ...
 
@@ -183,6 +189,7 @@ class AlphaController:
         self._sources: List[Tuple[DraftCopy, np.ndarray, np.ndarray]] = []
         self._deferred: deque[_DeferredRanking] = deque()
         self._launch_tag: Optional[int] = None  # this select's deferred ranking, to launch
+        self._slots: Optional[SlotState] = None  # where landed confidences are backfilled
         self._waited = False
         self._serial = 0
         #: rankings made later, and those whose copy was read before it reported done
@@ -218,7 +225,7 @@ class AlphaController:
         else:
             observe, self._iteration_weight = self.online.iteration % k == 0, float(k)
         sources, self._sources = self._sources, []
-        self._resolve_deferred(force=False)
+        self._slots = slots
         self._launch_tag = None
         deferred = observe and not self.confidences_real and bool(sources)
         self._observed = observe and (self.confidences_real or deferred)
@@ -271,6 +278,13 @@ class AlphaController:
         batch applied before that select, oldest first (a later draft of a slot wins)."""
         self._sources.append((copy, np.asarray(slots, dtype=np.int64), np.asarray(rows)))
 
+    def land_deferred(self, slots: SlotState) -> None:
+        """Rank the deferred candidates whose copies have landed (or are ``depth`` launches
+        old) and write their confidences back into ``slots``: the SP loop calls this before
+        it records new drafts, where an immediate read would have recorded these."""
+        self._slots = slots
+        self._resolve_deferred(force=False)
+
     def _resolve_deferred(self, force: bool) -> None:
         """Rank the deferred candidates whose copies have landed (all of them if ``force``),
         oldest first, and write the bins into the ring entries their launch tagged."""
@@ -288,7 +302,11 @@ class AlphaController:
             own = self._own_conf
             own[d.slots] = 1.0
             for copy, slots, rows in d.sources:
-                own[slots] = np.asarray(copy.read()[1])[rows]
+                conf = np.asarray(copy.read()[1])[rows]
+                own[slots] = conf
+                if self._slots is not None:  # later keys take them too (the chain's factor)
+                    r = copy.rows
+                    self._slots.backfill_confidences(slots, r.position[rows], r.epoch[rows], conf)
             bins = self._bin_by_slot
             bins[d.slots] = self.online.rank_bins(d.key * own[d.slots])
             s, col = d.launched

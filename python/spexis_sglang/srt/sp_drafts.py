@@ -140,6 +140,8 @@ class SPDraftsMixin:
         landed."""
         sp = self.sp
         self._sp_apply_late_buckets()
+        if sp.alpha is not None:
+            sp.alpha.land_deferred(sp.slots)  # confidences an observed iteration left behind
         if not sp.pending_drafts:
             return
         with sp.phases.phase("draft_sync"):
