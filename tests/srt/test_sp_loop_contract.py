@@ -651,17 +651,20 @@ def test_auto_probes_at_alpha_zero_hold_drafts_and_stay_lossless(stages: int, mo
 
 
 @pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("alpha", [0.0, 0.3])
 def test_auto_observes_its_explore_iterations_without_waiting_for_the_drafts(
-    stages: int, monkeypatch
+    stages: int, alpha: float, monkeypatch
 ) -> None:
     """On a GPU the drafts' copy to the host lands after stage 0 has built its next batch.
-    ``auto`` at alpha 0 observes its explore iterations without reading that copy while it
-    builds a batch (here it never reports landed): the candidates are ranked when a verdict
-    needs their rank, every verdict is credited, and the outputs stay the target's."""
+    ``auto`` observes its explore iterations without reading that copy while it builds a
+    batch (here it never reports landed): the candidates are ranked when a verdict needs
+    their rank, every verdict is credited, and the outputs stay the target's. At alpha 0
+    stage 0 never reads a copy while building; inside (0, 1) it does (its drops need them),
+    but not on its explore iterations."""
     from spexis_sglang.srt import sp_alpha
     from spexis_sglang.srt.sp_records import PendingDrafts
 
-    monkeypatch.setattr(sp_alpha, "AUTO_ALPHA_INITIAL", 0.0)
+    monkeypatch.setattr(sp_alpha, "AUTO_ALPHA_INITIAL", alpha)
     monkeypatch.setattr(PendingDrafts, "ready", lambda self: False)
     sched = ContractScheduler(
         stages, theta=0.6, alpha=0.0, alpha_auto=True, alpha_interval=10**6, alpha_explore=4
@@ -685,11 +688,12 @@ def test_auto_observes_its_explore_iterations_without_waiting_for_the_drafts(
     monkeypatch.setattr(PendingDrafts, "read", spied_read)
     run = drive(sched, [Arrival(f"r{i}", list(range(1 + i, 9 + i)), 40, 0) for i in range(8)])
     check_contract(run, exact_rows=False)
-    alpha = sched.sp.alpha
-    assert alpha.online.alpha == 0.0 and alpha.online.explore_iterations > 5
-    assert reads_while_building == []
-    assert alpha.deferred_rankings > 0 and alpha.online.verdicts > 0
-    assert alpha.as_dict()["deferred_rankings"] == alpha.deferred_rankings
+    ctrl = sched.sp.alpha
+    assert ctrl.online.alpha == alpha and ctrl.online.explore_iterations > 5
+    assert (reads_while_building == []) == (alpha == 0.0)
+    assert ctrl.deferred_rankings > 0 and ctrl.online.verdicts > 0
+    assert ctrl.as_dict()["deferred_rankings"] == ctrl.deferred_rankings
+    assert (sched.sp.stats.drafts_dropped > 0) == (alpha > 0.0)
 
 
 def test_a_full_kv_pool_retracts_and_the_outputs_stay_the_targets() -> None:
