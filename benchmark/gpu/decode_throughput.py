@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -588,25 +588,31 @@ def run_config(
     return [r for r in results if r["batches"] or r["status"] != "run"]
 
 
-GPU_FORWARD_LINE = re.compile(r"Spexis GPU forward ms by rows \((.*?)\): (\{.*\})")
-RANK_STATE_LINE = re.compile(r"Spexis rank state \((.*?)\): (\{.*\})")
+def logged_lines(log_path: str, prefix: str) -> Iterator[Tuple[str, str]]:
+    """``(rank label, JSON text)`` of every ``PREFIX (label): {...}`` line a server's ranks
+    logged (stats.GpuForwardTimer, stats.log_rank_state), in order; none if the log is gone."""
+    pattern = re.compile(re.escape(prefix) + r" \((.*?)\): (\{.*\})")
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = pattern.search(line)
+                if m:
+                    yield m.group(1), m.group(2)
+    except OSError:
+        return
 
 
 def rank_states(log_path: str) -> Dict[str, List[Dict[str, Any]]]:
     """Every state a later pipeline rank logged on a ``/server_info`` (``{rank label: [state,
     ...]}``, each with its wall-clock ``t``; stats.log_rank_state)."""
+    from spexis_sglang.srt.stats import RANK_STATE_LOG_PREFIX
+
     out: Dict[str, List[Dict[str, Any]]] = {}
-    try:
-        with open(log_path, errors="replace") as f:
-            for line in f:
-                m = RANK_STATE_LINE.search(line)
-                if m:
-                    try:
-                        out.setdefault(m.group(1), []).append(json.loads(m.group(2)))
-                    except ValueError:
-                        continue
-    except OSError:
-        pass
+    for label, text in logged_lines(log_path, RANK_STATE_LOG_PREFIX):
+        try:
+            out.setdefault(label, []).append(json.loads(text))
+        except ValueError:
+            continue
     return out
 
 
@@ -663,14 +669,13 @@ def attach_later_stages(results: List[Dict[str, Any]], log_path: str) -> None:
 def gpu_forward_times(log_path: str) -> Dict[str, Dict[str, List[float]]]:
     """Each rank's device time per decode forward, ``{rank label: {"rows@ctx": [forwards,
     mean ms]}}``: the last line each rank logged (``SPEXIS_GPU_TIMERS``, stats.GpuForwardTimer)."""
+    from spexis_sglang.srt.stats import GpuForwardTimer
+
     out: Dict[str, Dict[str, List[float]]] = {}
     try:
-        with open(log_path, errors="replace") as f:
-            for line in f:
-                m = GPU_FORWARD_LINE.search(line)
-                if m:
-                    out[m.group(1)] = json.loads(m.group(2))
-    except (OSError, ValueError):
+        for label, text in logged_lines(log_path, GpuForwardTimer.LOG_PREFIX):
+            out[label] = json.loads(text)
+    except ValueError:
         pass
     return out
 

@@ -279,8 +279,8 @@ class AlphaController:
         self._sources.append((copy, np.asarray(slots, dtype=np.int64), np.asarray(rows)))
 
     def land_deferred(self, slots: SlotState) -> None:
-        """Rank the deferred candidates whose copies have landed (or are ``depth`` launches
-        old) and write their confidences back into ``slots``: the SP loop calls this before
+        """Rank the deferred candidates whose copies have landed (or are more than ``depth``
+        launches old) and write their confidences back into ``slots``: the SP loop calls this before
         it records new drafts, where an immediate read would have recorded these."""
         self._slots = slots
         self._resolve_deferred(force=False)
@@ -293,11 +293,11 @@ class AlphaController:
             if d.launched is None:  # selected, never launched (nothing fitted in memory)
                 self._deferred.popleft()
                 continue
-            old = self._launches - d.launch > self.depth
-            if not (force or old or all(c.ready() for c, _, _ in d.sources)):
+            landed = all(c.ready() for c, _, _ in d.sources)  # a CUDA query each: once
+            if not (force or landed or self._launches - d.launch > self.depth):
                 return
             self._deferred.popleft()
-            if not all(c.ready() for c, _, _ in d.sources):
+            if not landed:
                 self.deferred_forced += 1
             own = self._own_conf
             own[d.slots] = 1.0
