@@ -225,7 +225,6 @@ class AlphaController:
         else:
             observe, self._iteration_weight = self.online.iteration % k == 0, float(k)
         sources, self._sources = self._sources, []
-        self._slots = slots
         self._launch_tag = None
         deferred = observe and not self.confidences_real and bool(sources)
         self._observed = observe and (self.confidences_real or deferred)
