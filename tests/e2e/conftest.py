@@ -40,8 +40,8 @@ def exact(args: List[str]) -> List[str]:
     return [*args, *exact_test_args()]
 
 
-# SGLang's model modules the test servers need: every model they serve is a Llama (the default
-# SmolLM2, the tiny model; Spexis' stage-0 classes import their bases directly).
+# SGLang's model modules the test servers need: nearly every model they serve is a Llama (the
+# default SmolLM2, the tiny model); the files that serve other architectures add their module.
 MODEL_MODULES = ("llama",)
 
 
@@ -54,6 +54,14 @@ def _other_model_modules() -> str:
     names = os.listdir(os.path.join(sglang_dir, "srt", "models"))
     modules = (n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py")
     return ",".join(sorted(m for m in modules if m not in MODEL_MODULES))
+
+
+def model_modules_env(*modules: str) -> Dict[str, str]:
+    """The environment of a test server that serves an architecture from SGLang's ``modules``
+    besides the Llama ones (every other module stays unloaded)."""
+    keep = set(MODEL_MODULES) | set(modules)
+    disabled = [m for m in _other_model_modules().split(",") if m not in keep]
+    return {"SGLANG_DISABLED_MODEL_ARCHS": ",".join(disabled)}
 
 
 def server_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -138,6 +146,7 @@ E2E_GROUP_A = {
     "test_sp_multinode.py",
     "test_foundation.py",
     "test_gemma3.py",
+    "test_architectures.py",
     "test_collect_backend.py",
     "test_frontend_dsl.py",
 }

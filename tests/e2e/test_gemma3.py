@@ -13,20 +13,13 @@ import pytest
 import torch
 
 from .compare import compare_outputs
-from .conftest import MODEL_MODULES, _other_model_modules
+from .conftest import model_modules_env
 from .prompts import templated
 from .test_sp_lossless import sp_args, spexis_stats
 
 pytestmark = pytest.mark.e2e
 
 NEW_TOKENS = 32
-
-
-def gemma_env() -> dict:
-    """Test servers load only the model modules they serve: Gemma 3's too."""
-    keep = set(MODEL_MODULES) | {"gemma3_causal"}
-    disabled = [m for m in _other_model_modules().split(",") if m not in keep]
-    return {"SGLANG_DISABLED_MODEL_ARCHS": ",".join(disabled)}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +67,7 @@ def test_gemma3_pp2_sp_equals_plain_sglang(server_factory, tiny_gemma_dir):
         [f"Story {i}: tell me about the {i * 3} lighthouses of the coast." for i in range(8)],
     )
     assert all(len(p) > 8 for p in prompts)  # past the sliding window
-    env = gemma_env()
+    env = model_modules_env("gemma3_causal")
     baseline = server_factory(["--model-path", tiny_gemma_dir, "--pp-size", "1"], env)
     expected = baseline.greedy_ids(prompts, NEW_TOKENS)
     sp_server = server_factory(["--model-path", tiny_gemma_dir, *sp_args(2, "random:0")], env)

@@ -1,4 +1,5 @@
-"""Tiny random Llama models made on the fly (SmolLM2's tokenizer, a few MB of weights)."""
+"""Tiny random models made on the fly (SmolLM2's tokenizer, a few MB of weights): Llama, and
+the other Llama-style architectures SP serves."""
 
 from __future__ import annotations
 
@@ -65,6 +66,54 @@ def make_tiny_llama(
             emb = model.model.embed_tokens.weight
             emb[live] = emb[live] * 4
     model.save_pretrained(out_dir)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), out_dir)
+    return out_dir
+
+
+def make_tiny_model(out_dir: str, architecture: str, seed: int = 0) -> str:
+    """Save a random 4-layer ``architecture`` (``"qwen2"``: attention biases, tied embedding;
+    ``"qwen3"``: q/k norms; ``"mistral"``: untied) with the default model's tokenizer.
+
+    The embedding and LM head are scaled up so the output distribution is peaked and greedy
+    choices are far from ties."""
+    import transformers
+
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        return out_dir
+    classes = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False}),
+    }
+    config_name, model_name, extra = classes[architecture]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_name)(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rope_theta=1e6,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        **extra,
+    )
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # Qwen2's q/k/v biases (initialised to 0) count
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                if proj.bias is not None:
+                    proj.bias.normal_(0.0, 0.5)
+        model.model.embed_tokens.weight.mul_(8.0)
+        if not config.tie_word_embeddings:
+            model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out_dir)
+    src = ensure_default_model()
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src, name)):
             shutil.copy(os.path.join(src, name), out_dir)

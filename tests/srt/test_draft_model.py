@@ -181,23 +181,27 @@ def test_own_loader_without_the_models_package(tmp_path, monkeypatch):
 
 
 def test_model_classes_keep_sglangs_forward_signature_and_register():
-    from sglang.srt.models.llama import LlamaForCausalLM
-    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
     from sglang.srt.models.registry import ModelRegistry
 
-    for ours, theirs in (
-        (dm.SpexisLlamaForCausalLM, LlamaForCausalLM),
-        (dm.SpexisQwen3ForCausalLM, Qwen3ForCausalLM),
-    ):
-        assert issubclass(ours, theirs)
-        assert list(inspect.signature(ours.forward).parameters) == list(
-            inspect.signature(theirs.forward).parameters
-        )
+    from spexis_sglang.srt.model_registry import SPEXIS_MODEL_CLASSES
+
     saved = dict(ModelRegistry.models)
     try:
         install_model_classes()
-        assert ModelRegistry.models["LlamaForCausalLM"] is dm.SpexisLlamaForCausalLM
-        assert ModelRegistry.models["Qwen3ForCausalLM"] is dm.SpexisQwen3ForCausalLM
+        for arch, (module, name) in SPEXIS_MODEL_CLASSES.items():
+            theirs, ours = saved[arch], ModelRegistry.models[arch]
+            assert ours.__name__ == name and ours.__module__ == module
+            assert issubclass(ours, theirs) and ours is not theirs
+            # what SGLang's model runner passes a PP-capable model (Llama's signature)
+            assert list(inspect.signature(ours.forward).parameters) == list(
+                inspect.signature(saved["LlamaForCausalLM"].forward).parameters
+            )
+        # a module SGLang was told not to load stays unloaded, its architecture unserved
+        ModelRegistry.models.clear()
+        ModelRegistry.models.update(saved)
+        del ModelRegistry.models["MistralForCausalLM"]
+        install_model_classes()
+        assert "MistralForCausalLM" not in ModelRegistry.models
     finally:
         ModelRegistry.models.clear()
         ModelRegistry.models.update(saved)

@@ -131,6 +131,40 @@ def test_bad_spexis_flags_are_refused(argv, message, capsys):
 
 
 @pytest.mark.parametrize(
+    "architecture, refused",
+    [
+        ("PhiForCausalLM", True),
+        ("Gemma3ForConditionalGeneration", True),
+        ("Qwen2ForCausalLM", False),
+    ],
+)
+def test_a_draft_head_for_an_architecture_sp_does_not_serve_is_refused(
+    architecture, refused, tmp_path, capsys
+):
+    """SGLang would build its own class there, which makes no drafts: the launch stops first
+    and names the architectures SP serves."""
+    import json
+    import shutil
+
+    from spexis_sglang.srt.launch_config import check_sp_architecture
+
+    model = tmp_path / "model"
+    shutil.copytree(ensure_default_model(), model)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (model / "config.json").write_text(json.dumps(config))
+    if not refused:
+        check_sp_architecture(str(model))
+        return
+    argv = ["--model-path", str(model), "--pp-size", "2", "--spexis-draft-head", "random:0"]
+    assert launch_server.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the model is a {architecture}, which speculative parallelism does not serve" in err
+    assert "(it serves Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, " in err
+    assert "serve it without --spexis-draft-head, as plain SGLang" in err
+
+
+@pytest.mark.parametrize(
     "extra, expected",
     [
         ([], (0.0, False, 50, 8)),

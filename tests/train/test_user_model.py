@@ -171,15 +171,18 @@ def test_cli_refuses_bad_paths(tmp_path, capsys):
     assert "neither a model directory" in capsys.readouterr().err
 
 
-def test_a_random_qwen3_of_odd_depth_trains_at_its_split(tmp_path):
-    """Qwen3, 5 layers, 4:1 GQA, --pp-size 3: the head exits after layer 1 (5 // 3)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+def test_a_random_qwen_of_odd_depth_trains_at_its_split(architecture, tmp_path):
+    """Qwen3 (q/k norms) or Qwen2 (q/k/v biases, tied embedding), 5 layers, 4:1 GQA,
+    --pp-size 3: the head exits after layer 1 (5 // 3)."""
+    import transformers
 
     from .tiny_base import make_tokenizer
 
     tok = make_tokenizer()
     torch.manual_seed(0)
-    config = Qwen3Config(
+    config_class = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    config = config_class(
         vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
@@ -191,9 +194,10 @@ def test_a_random_qwen3_of_odd_depth_trains_at_its_split(tmp_path):
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
+        tie_word_embeddings=architecture == "Qwen2ForCausalLM",
     )
-    model_dir = str(tmp_path / "qwen3-odd")
-    Qwen3ForCausalLM(config).save_pretrained(model_dir)
+    model_dir = str(tmp_path / "qwen-odd")
+    getattr(transformers, architecture)(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     data = tmp_path / "p.jsonl"
     data.write_text(
@@ -208,7 +212,7 @@ def test_a_random_qwen3_of_odd_depth_trains_at_its_split(tmp_path):
 
     base = AutoConfig.from_pretrained(model_dir)
     _, cfg = load_draft_head(str(out / "draft-exit1"), base, exit_layer=1)
-    assert cfg.base_architecture_name == "Qwen3ForCausalLM"
+    assert cfg.base_architecture_name == architecture
     assert cfg.extra["pp_sizes"] == [3]
     load_length_predictor(str(out / "length"), base, exit_layer=1)
 

@@ -51,6 +51,7 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM
+from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.runtime_context import get_exec
 from torch import nn
@@ -377,6 +378,15 @@ class SpexisLlamaForCausalLM(_SpexisDraftMixin, LlamaForCausalLM):
         self._spexis_init_draft_head()
 
 
+class SpexisQwen2ForCausalLM(_SpexisDraftMixin, Qwen2ForCausalLM):
+    """SGLang's Qwen2 (Qwen2.5 and its distills) with the Spexis draft head on the first PP
+    stage."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self._spexis_init_draft_head()
+
+
 class SpexisQwen3ForCausalLM(_SpexisDraftMixin, Qwen3ForCausalLM):
     """SGLang's Qwen3 with the Spexis draft head on the first PP stage."""
 
@@ -397,6 +407,7 @@ __all__: List[str] = [
     "PROXY_DRAFT_IDS",
     "SpexisDraftHead",
     "SpexisLlamaForCausalLM",
+    "SpexisQwen2ForCausalLM",
     "SpexisQwen3ForCausalLM",
     "draft_num_layers",
 ]

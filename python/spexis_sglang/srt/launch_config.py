@@ -113,6 +113,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             "only every K-th iteration, but under SP the later stages read stage 0's plan "
             "(admissions, dropped drafts) with the requests in the iteration it was made for"
         )
+    check_sp_architecture(server_args.model_path)
     if head == "bundled":
         from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head
 
@@ -211,6 +212,31 @@ def resolve_length_oracle(spec: str, server_args) -> dict:
             f"--spexis-benchmark-length-oracle {spec!r}: unreadable calibration ({e}); "
             f"presets: {', '.join(PRESET_NAMES)}"
         ) from None
+
+
+def check_sp_architecture(model_path: str) -> None:
+    """Refuse ``--spexis-draft-head`` for a checkpoint class that has no Spexis model class:
+    SGLang would build its own class, which makes no drafts, and stage 0 would fail at its
+    first forward. (A hub id is not read here; SGLang resolves it later.)"""
+    from spexis_sglang.srt.model_registry import sp_architectures, unserved_architecture
+
+    if not model_path:
+        return
+    config_path = os.path.join(os.path.expanduser(model_path), "config.json")
+    if not os.path.isfile(config_path):
+        return
+    try:
+        with open(config_path) as f:
+            architectures = json.load(f).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return  # SGLang reports an unreadable config itself
+    arch = unserved_architecture(architectures)
+    if arch is not None:
+        raise LaunchError(
+            f"--spexis-draft-head: the model is a {arch}, which speculative parallelism does "
+            f"not serve (it serves {', '.join(sp_architectures())}); serve it without "
+            "--spexis-draft-head, as plain SGLang"
+        )
 
 
 def parse_alpha(value: str) -> Tuple[float, bool]:

@@ -1,0 +1,43 @@
+"""Every Llama-style architecture SP serves besides Llama itself: Qwen2 (q/k/v biases, tied
+embedding), Qwen3 (q/k norms) and Mistral, each a tiny random model served at PP=2 with SP;
+greedy output equals plain SGLang's PP=1 token for token, and stage 0 speculated.
+
+(Llama is every other e2e test's model; Gemma 3, whose PP class is Spexis' own, has
+``test_gemma3.py``.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .compare import compare_outputs
+from .conftest import model_modules_env
+from .prompts import templated
+from .test_sp_lossless import sp_args, spexis_stats
+from .tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.e2e
+
+NEW_TOKENS = 24
+ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral"}  # -> SGLang module
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_pp2_sp_equals_plain_sglang(architecture, server_factory, tmp_path_factory):
+    model_dir = make_tiny_model(str(tmp_path_factory.mktemp(architecture)), architecture)
+    prompts = templated(
+        model_dir, [f"Note {i}: list the {i + 2} rivers that cross the old town." for i in range(6)]
+    )
+    env = model_modules_env(ARCHITECTURES[architecture])
+    common = ["--model-path", model_dir, "--dtype", "float32"]
+    # no other test asks for these servers: stopped when this one ends
+    baseline = server_factory([*common, "--pp-size", "1"], env, keep=False)
+    expected = baseline.greedy_ids(prompts, NEW_TOKENS)
+    sp_server = server_factory([*common, *sp_args(2, "random:0")], env, keep=False)
+    before = spexis_stats(sp_server)
+    got = sp_server.greedy_ids(prompts, NEW_TOKENS)
+    after = spexis_stats(sp_server)
+    cmp = compare_outputs(model_dir, prompts, expected, got)
+    print(f"tiny {architecture}, PP=2 SP vs plain PP=1:", cmp.summary())
+    assert cmp.all_identical, cmp.summary()
+    assert after["rows_spec"] > before["rows_spec"]  # it speculated
