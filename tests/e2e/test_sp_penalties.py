@@ -119,12 +119,20 @@ def runs(servers, model_dir):
     outputs without the penalties (greedy, same prompts) and without min_new_tokens."""
     baseline_server, sp_server = servers
     parts = _parts(model_dir)
-    expected = _run(baseline_server, parts)
+    greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}
+    # the references, in the baseline's batch (one batch decodes them in the same steps)
+    references = {
+        "unpenalized": (parts["penalties"][0][:8], [{**greedy, "ignore_eos": True}] * 8),
+        "free": (
+            parts["min_new_tokens"][0],
+            [{**greedy, **STOP}] * len(parts["min_new_tokens"][0]),
+        ),
+    }
+    expected = _run(baseline_server, {**parts, **references})
     before = spexis_stats(sp_server)
     got = _run(sp_server, parts)
     after = spexis_stats(sp_server)
-    unpenalized = baseline_server.greedy_ids(lossless_prompts(model_dir, 8), NEW_TOKENS)
-    free = baseline_server.greedy_ids(parts["min_new_tokens"][0], NEW_TOKENS, **STOP)
+    unpenalized, free = _ids(expected.pop("unpenalized")), _ids(expected.pop("free"))
     stats = {k: after[k] - before[k] for k in ("rows_spec", "rejected")}
     return parts, expected, got, stats, unpenalized, free
 

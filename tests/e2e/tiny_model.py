@@ -74,7 +74,8 @@ def make_tiny_llama(
 
 def make_tiny_model(out_dir: str, architecture: str, seed: int = 0) -> str:
     """Save a random 4-layer ``architecture`` (``"qwen2"``: attention biases, tied embedding;
-    ``"qwen3"``: q/k norms; ``"mistral"``: untied) with the default model's tokenizer.
+    ``"qwen3"``: q/k norms; ``"mistral"``: untied; ``"qwen3_moe"``, ``"mixtral"``: 4 experts,
+    2 per token) with the default model's tokenizer.
 
     The embedding and LM head are scaled up so the output distribution is peaked and greedy
     choices are far from ties."""
@@ -82,10 +83,17 @@ def make_tiny_model(out_dir: str, architecture: str, seed: int = 0) -> str:
 
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         return out_dir
+    moe = {"num_experts_per_tok": 2, "tie_word_embeddings": False}
     classes = {
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
         "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False}),
+        "qwen3_moe": (
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            {"head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, **moe},
+        ),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, **moe}),
     }
     config_name, model_name, extra = classes[architecture]
     torch.manual_seed(seed)

@@ -183,7 +183,7 @@ def test_own_loader_without_the_models_package(tmp_path, monkeypatch):
 def test_model_classes_keep_sglangs_forward_signature_and_register():
     from sglang.srt.models.registry import ModelRegistry
 
-    from spexis_sglang.srt.model_registry import SPEXIS_MODEL_CLASSES
+    from spexis_sglang.srt.model_registry import DRAFT_HEAD_ON_SGLANG_CLASS, SPEXIS_MODEL_CLASSES
 
     saved = dict(ModelRegistry.models)
     try:
@@ -193,6 +193,13 @@ def test_model_classes_keep_sglangs_forward_signature_and_register():
             assert ours.__name__ == name and ours.__module__ == module
             assert issubclass(ours, theirs) and ours is not theirs
             # what SGLang's model runner passes a PP-capable model (Llama's signature)
+            assert list(inspect.signature(ours.forward).parameters) == list(
+                inspect.signature(saved["LlamaForCausalLM"].forward).parameters
+            )
+        for arch in DRAFT_HEAD_ON_SGLANG_CLASS:
+            theirs, ours = saved[arch], ModelRegistry.models[arch]
+            assert ours.__name__ == f"Spexis{theirs.__name__}" and ours.__bases__[1] is theirs
+            assert dm.with_draft_head(ours) is ours  # installed twice: wrapped once
             assert list(inspect.signature(ours.forward).parameters) == list(
                 inspect.signature(saved["LlamaForCausalLM"].forward).parameters
             )

@@ -171,10 +171,20 @@ def test_cli_refuses_bad_paths(tmp_path, capsys):
     assert "neither a model directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
-def test_a_random_qwen_of_odd_depth_trains_at_its_split(architecture, tmp_path):
-    """Qwen3 (q/k norms) or Qwen2 (q/k/v biases, tied embedding), 5 layers, 4:1 GQA,
-    --pp-size 3: the head exits after layer 1 (5 // 3)."""
+@pytest.mark.parametrize(
+    "architecture, extra",
+    [
+        ("Qwen3ForCausalLM", {}),
+        ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+        (
+            "Qwen3MoeForCausalLM",
+            {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        ),
+    ],
+)
+def test_a_random_qwen_of_odd_depth_trains_at_its_split(architecture, extra, tmp_path):
+    """Qwen3 (q/k norms), Qwen2 (q/k/v biases, tied embedding) or Qwen3-MoE, 5 layers, 4:1
+    GQA, --pp-size 3: the head exits after layer 1 (5 // 3)."""
     import transformers
 
     from .tiny_base import make_tokenizer
@@ -194,7 +204,7 @@ def test_a_random_qwen_of_odd_depth_trains_at_its_split(architecture, tmp_path):
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
-        tie_word_embeddings=architecture == "Qwen2ForCausalLM",
+        **extra,
     )
     model_dir = str(tmp_path / "qwen-odd")
     getattr(transformers, architecture)(config).save_pretrained(model_dir)

@@ -357,13 +357,15 @@ class _SpexisDraftMixin:
         get_embedding: bool = False,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ):
+        # SGLang's MoE classes take no ``get_embedding`` (they serve no embeddings)
+        kwargs = {"get_embedding": True} if get_embedding else {}
         out = super().forward(
             input_ids,
             positions,
             forward_batch,
             input_embeds=input_embeds,
-            get_embedding=get_embedding,
             pp_proxy_tensors=pp_proxy_tensors,
+            **kwargs,
         )
         if self.spexis_draft_head is None or get_embedding or not isinstance(out, PPProxyTensors):
             return out
@@ -395,6 +397,28 @@ class SpexisQwen3ForCausalLM(_SpexisDraftMixin, Qwen3ForCausalLM):
         self._spexis_init_draft_head()
 
 
+def with_draft_head(base: type) -> type:
+    """Spexis' class for an SGLang model class whose pipeline stages hand on
+    ``hidden_states`` and ``residual`` and whose first stage holds ``model.embed_tokens`` (as
+    Llama's do): ``base`` with the draft head on stage 0 (idempotent)."""
+    if issubclass(base, _SpexisDraftMixin):
+        return base
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        base.__init__(self, config, quant_config=quant_config, prefix=prefix)
+        self._spexis_init_draft_head()
+
+    return type(
+        f"Spexis{base.__name__}",
+        (_SpexisDraftMixin, base),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__doc__": f"SGLang's {base.__name__} with the Spexis draft head on the first PP stage.",
+        },
+    )
+
+
 def draft_num_layers(model: nn.Module) -> int:
     """Number of draft-head KV layers ``model`` needs in this rank's pool (0 if none)."""
     return int(getattr(model, "spexis_draft_num_layers", 0) or 0)
@@ -410,4 +434,5 @@ __all__: List[str] = [
     "SpexisQwen2ForCausalLM",
     "SpexisQwen3ForCausalLM",
     "draft_num_layers",
+    "with_draft_head",
 ]
