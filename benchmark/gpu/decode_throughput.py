@@ -61,6 +61,8 @@ MODELS = {
     "llama-3.1-8b": os.path.join(CONFIGS, "llama-3.1-8b"),
     "qwen3-8b": os.path.join(CONFIGS, "qwen3-8b"),
     "qwen3-32b": os.path.join(CONFIGS, "qwen3-32b"),
+    # mixture of experts, 128 experts, 8 per token (3.3B active of 30.5B)
+    "qwen3-30b-a3b": os.path.join(CONFIGS, "qwen3-30b-a3b"),
     "smollm2-135m": os.path.join(CONFIGS, "smollm2-135m"),
     "tiny-llama": os.path.join(CONFIGS, "tiny-llama"),
     "tiny-qwen3": os.path.join(CONFIGS, "tiny-qwen3"),

@@ -326,3 +326,31 @@ def test_hidden_states_under_pp_answer_400_and_the_server_keeps_serving(
         assert message in _error_message(r), (route, r.text[:500])
     assert server.alive()
     assert server.greedy_ids([prompt], 8) == expected
+
+
+def test_a_flush_or_weight_update_right_after_a_request_succeeds_and_serving_goes_on(
+    server_factory, tiny_model_dir
+):
+    """``/flush_cache`` and ``/update_weights_from_disk`` sent right after a request answer
+    success and the server keeps serving the same outputs. (After a request's last token the
+    rows it launched on drafts are in flight for up to N more iterations; stage 0 holds such
+    a request until they drain: without that, a flush on the default model's server failed
+    and a weight update stopped the server. That race is pinned down on the loop itself in
+    ``tests/srt/test_sp_loop_contract.py``; this tiny model drains faster than a request
+    crosses HTTP.)"""
+    server = server_factory(_queue_args(tiny_model_dir))
+    prompt = [1, 100, 200, 300]
+    expected = server.greedy_ids([prompt], 8)
+    for _ in range(3):
+        assert server.greedy_ids([prompt], 8) == expected
+        r = requests.post(server.base_url + "/flush_cache", timeout=120)
+        assert r.status_code == 200, r.text[:500]
+    assert server.greedy_ids([prompt], 8) == expected
+    r = requests.post(
+        server.base_url + "/update_weights_from_disk",
+        json={"model_path": tiny_model_dir},
+        timeout=300,
+    )
+    assert r.status_code == 200 and r.json()["success"], r.text[:500]
+    assert server.alive()
+    assert server.greedy_ids([prompt], 8) == expected

@@ -721,6 +721,53 @@ def test_aborted_requests_stop_and_free_their_slots() -> None:
         assert len(req.output_ids) < 60
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_flush_right_after_the_last_token_waits_until_the_loop_is_idle(
+    stages: int, monkeypatch
+) -> None:
+    """A ``/flush_cache`` (or a weight update) that arrives when the last request has its
+    last token, while rows it launched on drafts are still in flight, is held until SGLang's
+    own idleness check passes, and so is what arrives after it; then both go on in order,
+    relayed to the next stage in that iteration."""
+    from sglang.srt.managers.io_struct import FlushCacheReqInput
+
+    sched = ContractScheduler(stages, theta=0.0, alpha=0.0)  # every draft rejected
+    # what SGLang's is_fully_idle reads beyond the harness
+    sched.running_batch = sched.sp.running
+    sched.last_batch = None
+    sched.enable_overlap = sched.enable_hisparse = sched.enable_hierarchical_cache = False
+    sched.dllm_manager = SimpleNamespace(any_staging_reqs=lambda: False)
+    sched.grammar_manager.grammar_queue = []
+    served: List[Tuple[int, Any, bool]] = []  # (iteration, request, idle when served)
+    monkeypatch.setattr(
+        sched,
+        "process_input_requests",
+        lambda reqs: served.extend((sched.sp.iteration, r, sched.is_fully_idle()) for r in reqs),
+    )
+    req = make_req("r", [1, 2, 3], 12)
+    sched.expected_sequence["r"] = [1, 2, 3] + reference([1, 2, 3], 12)
+    sched.inbox.append(req)
+    sched.waiting_queue.append(req)  # (the stub above does not queue it)
+    it = 0
+    while not req.finished():
+        sched.sp_iteration(it % sched.pp_loop_size)
+        it += 1
+    assert not sched.is_fully_idle()  # its rows are in flight
+    flush, later = FlushCacheReqInput(), make_req("later", [4, 5], 4)
+    sched.inbox += [flush, later]
+    arrived = sched.sp.iteration
+    served.clear()
+    sched.relayed.clear()
+    for _ in range(3 * sched.pp_loop_size):
+        sched.sp_iteration(it % sched.pp_loop_size)
+        it += 1
+    assert [r for _, r, _ in served] == [flush, later]
+    (at, _, idle), (at_later, _, _) = served
+    assert idle and at == at_later and at > arrived  # held, then served idle, in order
+    assert not sched.sp.held_requests
+    assert [p for p in sched.relayed if flush in p] == [[flush, later]]
+
+
 def test_a_request_ending_at_its_first_token_never_decodes() -> None:
     # max_new_tokens 1: the prefill finishes it; the loop must not admit it to SP decoding
     plan = [Arrival("one", [1, 2, 3], 1, 0), Arrival("more", [4, 5, 6], 12, 0)]

@@ -74,6 +74,7 @@ INTERNALS: Tuple[Internal, ...] = (
     # -- the scheduler: methods the SP loop calls
     Internal(SCHEDULER, "Scheduler.init_pp_loop_state", "call", (), "sp_setup"),
     Internal(SCHEDULER, "Scheduler.process_input_requests", "call", ("recv_reqs",), "sp_loop"),
+    Internal(SCHEDULER, "Scheduler.is_fully_idle", "call", ("for_health_check",), "sp_loop"),
     Internal(SCHEDULER, "Scheduler.get_new_batch_prefill", "call", None, "sp_batch"),
     Internal(SCHEDULER, "Scheduler.process_pending_chunked_abort", "call", (), "sp_batch"),
     Internal(SCHEDULER, "Scheduler._abort_on_waiting_timeout", "call", (), "sp_batch"),

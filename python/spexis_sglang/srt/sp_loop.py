@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional, Tuple
 
+from sglang.srt.managers import io_struct
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import PPProxyTensors
 from sglang.srt.utils import DynamicGradMode
@@ -26,6 +27,24 @@ if TYPE_CHECKING:
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
 
 logger = logging.getLogger(__name__)
+
+#: requests SGLang serves only on an idle scheduler: they flush the KV cache (a weight update
+#: asserts that its flush succeeded) or move it
+NEEDS_IDLE = tuple(
+    getattr(io_struct, name)
+    for name in (
+        "FlushCacheReqInput",
+        "UpdateWeightFromDiskReqInput",
+        "UpdateWeightsFromDistributedReqInput",
+        "UpdateWeightsFromTensorReqInput",
+        "UpdateWeightsFromIPCReqInput",
+        "ReleaseMemoryOccupationReqInput",
+        "ClearHiCacheReqInput",
+        "AttachHiCacheStorageReqInput",
+        "DetachHiCacheStorageReqInput",
+    )
+    if hasattr(io_struct, name)
+)
 
 
 class SPLoopMixin:
@@ -54,7 +73,8 @@ class SPLoopMixin:
             for mb_id in range(self.pp_loop_size):
                 if self.sp_iteration(mb_id):
                     server_is_idle = False
-            if server_is_idle:
+            # (SGLang's on_idle sleeps until a request arrives: not while one is held)
+            if server_is_idle and not self.sp.held_requests:
                 self.on_idle()
             self.sp_maybe_log()
 
@@ -99,6 +119,8 @@ class SPLoopMixin:
     ) -> Optional[ScheduleBatch]:
         """Receive requests, build this iteration's batch, relay both to the next stage."""
         recv_reqs, plan_in = self._sp_recv_requests()
+        if self.sp.rank0:
+            recv_reqs = self._sp_hold_for_idle(recv_reqs)
         if recv_reqs:
             # a request handler may read the running requests' output
             self.sp_flush_tokens()
@@ -107,6 +129,44 @@ class SPLoopMixin:
         self.cur_batch_for_debug = cur_batch
         self._sp_relay_requests(recv_reqs, plan_out)
         return cur_batch
+
+    def _sp_hold_for_idle(self: SpexisScheduler, recv_reqs: list) -> list:
+        """Stage 0 holds a request that SGLang serves only on an idle scheduler
+        (``NEEDS_IDLE``: ``/flush_cache``, the weight updates) while the last batches drain,
+        and every request received after it, then passes them on in order; the later stages
+        get them relayed in the iteration stage 0 serves them, when they are idle too.
+
+        Why: after a request's last token, the rows it launched on drafts are in flight for
+        up to N more iterations, where stock SGLang's loop is idle once the request is
+        answered. Without the hold a flush sent right after a request failed ("pending
+        requests") and a weight update stopped the server (SGLang asserts that its flush
+        succeeded). With requests running or queued the request goes on at once, and SGLang
+        answers it as it would without SP.
+        """
+        held = self.sp.held_requests
+        if not held:
+            first = next((i for i, r in enumerate(recv_reqs) if isinstance(r, NEEDS_IDLE)), -1)
+            if first < 0 or self._sp_busy() or self._sp_idle():
+                return recv_reqs
+            held.extend(recv_reqs[first:])
+            return recv_reqs[:first]
+        held.extend(recv_reqs)
+        if not self._sp_idle():
+            return []
+        released = list(held)
+        held.clear()
+        return released
+
+    def _sp_busy(self: SpexisScheduler) -> bool:
+        """Requests are running (not merely answered, awaiting their release), queued or
+        being prefilled."""
+        if self.waiting_queue or self.chunked_req is not None:
+            return True
+        return any(not req.finished() for req in self.sp.running.reqs)
+
+    def _sp_idle(self: SpexisScheduler) -> bool:
+        """SGLang's idleness, and no released request's rows still draining."""
+        return not self.sp.draining and self.is_fully_idle()
 
     def _sp_collect(
         self: SpexisScheduler, transit: Optional[ScheduleBatch], transit_id: int

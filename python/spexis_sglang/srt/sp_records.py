@@ -232,6 +232,9 @@ class SPLoopState:
     metrics: Optional[Any] = None
     #: stage 0: whether SGLang's request sockets hold nothing (request_poll)
     nothing_queued: Optional[Callable[[], bool]] = None
+    #: stage 0: requests held until the scheduler is idle (a flush or a weight update, and
+    #: what came after it; SPLoopMixin._sp_hold_for_idle)
+    held_requests: List[Any] = field(default_factory=list)
     #: the relay between stages over a local zmq pipe (relay; None: SGLang's gloo relay)
     relay: Optional[Any] = None
     #: stage 0: the draft trace (SPEXIS_DRAFT_LOG; profiling)
