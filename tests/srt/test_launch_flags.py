@@ -89,6 +89,17 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             "no bundled draft head at exit layer 10",
         ),
         (
+            [
+                "--pp-size",
+                "2",
+                "--spexis-draft-head",
+                "bundled",
+                "--speculative-algorithm",
+                "NGRAM",
+            ],
+            "--spexis-draft-head with --speculative-algorithm NGRAM: speculative parallelism is",
+        ),
+        (
             ["--pp-size", "2", "--spexis-draft-head", "bundled", "--spexis-lookahead-admission"],
             "--spexis-lookahead-admission needs --spexis-length-predictor",
         ),
@@ -319,6 +330,8 @@ def test_help_names_the_launch_options_sp_combines_with_and_refuses(capsys):
         "Refused with --pp-async-batch-depth > 0",
         "With --enable-mixed-chunk the running requests' SP rows ride along each prefill chunk",
         "--scheduler-recv-interval > 1 (the later stages must read stage 0's plan",
+        "--speculative-algorithm (SP is itself a speculation; SGLang runs none under PP)",
+        "for a model architecture without a Spexis class",
         "decode CUDA graphs are captured up to pp-size x SGLang's default batch",
         "so requests may be admitted earlier than SGLang would",
         "by ~1e-13 instead of up to ~0.1",

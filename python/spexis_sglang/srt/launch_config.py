@@ -113,6 +113,13 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
             "only every K-th iteration, but under SP the later stages read stage 0's plan "
             "(admissions, dropped drafts) with the requests in the iteration it was made for"
         )
+    if server_args.speculative_algorithm:
+        raise LaunchError(
+            f"--spexis-draft-head with --speculative-algorithm {server_args.speculative_algorithm}"
+            ": speculative parallelism is itself a speculation (stage 0's draft head, verified by "
+            "the last stage), and SGLang 0.5.17 runs no speculative decoding under pipeline "
+            "parallelism; leave --speculative-algorithm out"
+        )
     check_sp_architecture(server_args.model_path)
     if head == "bundled":
         from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head

@@ -143,7 +143,9 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "sets the limit. Refused with --pp-async-batch-depth > 0 (no gain: under "
         "SP a depth lengthens the verification loop and costs more committed tokens per row "
         "than the wait it could hide) and with --scheduler-recv-interval > 1 (the later "
-        "stages must read stage 0's plan in the iteration it was made for). With "
+        "stages must read stage 0's plan in the iteration it was made for), with "
+        "--speculative-algorithm (SP is itself a speculation; SGLang runs none under PP) and "
+        "for a model architecture without a Spexis class (the error names those served). With "
         "--enable-mixed-chunk the running requests' SP rows ride along each prefill chunk "
         "(requests that return logprobs, use a grammar or penalties keep chunks unmixed).",
     )
