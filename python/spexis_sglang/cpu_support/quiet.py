@@ -147,9 +147,9 @@ SERVER_ARGS_LINE = (
     "SGLang's resolved server arguments are not printed (several thousand characters; the "
     f"'spexis launch' line has the command line): {SHOW_ALL_ENV}=1 prints them"
 )
-# a PP stage holds no embedding (later stages) or no final norm (earlier stages): SGLang's
-# loader reports the checkpoint's copy as unused on each such stage
-PP_STAGE_PARAMS = ("model.embed_tokens.weight", "model.norm.weight")
+# a PP stage holds no embedding (later stages), no final norm or LM head (earlier stages):
+# SGLang's loader reports the checkpoint's copy as unused on each such stage
+PP_STAGE_PARAMS = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 _NEGATIVE_MEM = re.compile(r"mem usage=-\d+(\.\d+)? GB")
 
 
@@ -193,7 +193,10 @@ class RewriteFilter(logging.Filter):
         return True
 
 
-_MODELS = ("sglang.srt.models.llama", "sglang.srt.models.qwen3")
+# the architectures SP serves whose SGLang loaders log those parameters (Mistral's is Llama's)
+_MODELS = tuple(
+    f"sglang.srt.models.{name}" for name in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+)
 EVERYWHERE: Sequence = (
     ("sglang.srt.entrypoints.engine", _server_args),
     *((name, _pp_stage_param) for name in _MODELS),
