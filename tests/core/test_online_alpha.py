@@ -348,6 +348,23 @@ def test_follows_a_shift_from_math_to_translation_and_back() -> None:
     assert math_tp[round(oa.alpha, 2)] >= 0.99 * math_best.throughput
 
 
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_near_equal_alphas_settle_instead_of_flapping(seed: int) -> None:
+    """Where every alpha is predicted within a few percent of the others (acceptance 0.6 at
+    every rank, as under forced acceptance, and a stage time of 0.66 + rows / 16: alpha 0 and
+    alpha 1 within 1 %), the samples' noise moves the fit's winner back and forth. Once alpha
+    has left its initial guess a change must predict settled_margin (2 %), so it settles
+    (with the first margin, 0.5 %, for every change it moved 3-5 times in 4000 iterations)."""
+    flat = (0.6,) * 10
+    near = LatencyFit(intercept=0.66, slope=1.0 / 16, identified=True)
+    flapping = OnlineAlpha(N, settled_margin=0.005)
+    run(flapping, SyntheticLoad(seed, near), flat, 4000)
+    settled = OnlineAlpha(N)
+    run(settled, SyntheticLoad(seed, near), flat, 4000)
+    assert flapping.changes >= 3
+    assert settled.changes <= 2 and settled.changes < flapping.changes
+
+
 def test_deterministic_given_the_events() -> None:
     a, b = OnlineAlpha(N), OnlineAlpha(N)
     ta = run(a, SyntheticLoad(3), TRANSLATION, 800)
