@@ -96,7 +96,7 @@ predicted throughput beats the current ``alpha``'s by more than ``margin`` (rela
 noise does not make ``alpha`` flap between near-equal choices. Leaving ``initial`` (a guess)
 takes ``margin``; once ``alpha`` has been chosen, a change takes ``settled_margin`` (2 %):
 each change resets the explore and probe periods, and on an emulated two-GPU box ``alpha``
-went between 0 and 1 nine times within one measured point where the fit put the two
+went between 0 and 1 eight times during one measured point where its fit put the two
 0.7-1.7 % apart (B = 512, Theta 0.6), while one in 8 explore iterations at ``alpha = 1`` had
 cost 12 % there, more than such a gap can gain.
 
