@@ -1,6 +1,6 @@
-"""Architectures SP serves besides Llama and Gemma 3: Qwen2 (q/k/v biases, tied embedding)
-and the mixture-of-experts Qwen3-MoE (q/k norms) and Mixtral, each a tiny random model served
-at PP=2 with SP; greedy output equals plain SGLang's PP=1 token for token, and stage 0
+"""Architectures SP serves besides Llama and Gemma 3: Qwen2 (q/k/v biases, tied embedding),
+Qwen3 (q/k norms) and the mixture-of-experts Qwen3-MoE and Mixtral, each a tiny random model
+served at PP=2 with SP; greedy output equals plain SGLang's PP=1 token for token, and stage 0
 speculated.
 
 (Llama is every other e2e test's model; Gemma 3, whose PP class is Spexis' own, has
@@ -20,10 +20,9 @@ from .tiny_model import make_tiny_model
 pytestmark = pytest.mark.e2e
 
 NEW_TOKENS = 24
-# -> SGLang's module. Left out to keep the suite short: Qwen3 (Spexis' class is Qwen2's with
-# another base, and Qwen3-MoE has its q/k norms) and Mistral (SGLang's Llama under another
-# name); their classes are checked in tests/srt/test_draft_model.py
-ARCHITECTURES = {"qwen2": "qwen2", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+# -> SGLang's module. Left out to keep the suite short: Mistral (SGLang's Llama under another
+# name; its class is checked in tests/srt/test_draft_model.py)
+ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
