@@ -94,6 +94,8 @@ def make_tiny_model(out_dir: str, architecture: str, seed: int = 0) -> str:
             {"head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, **moe},
         ),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, **moe}),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {"tie_word_embeddings": False}),
+        "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 16, "tie_word_embeddings": False}),
     }
     config_name, model_name, extra = classes[architecture]
     torch.manual_seed(seed)
@@ -114,8 +116,9 @@ def make_tiny_model(out_dir: str, architecture: str, seed: int = 0) -> str:
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:  # Qwen2's q/k/v biases (initialised to 0) count
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                if proj.bias is not None:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                proj = getattr(layer.self_attn, name, None)  # (Phi-3 fuses them: no bias)
+                if proj is not None and proj.bias is not None:
                     proj.bias.normal_(0.0, 0.5)
         model.model.embed_tokens.weight.mul_(8.0)
         if not config.tie_word_embeddings:

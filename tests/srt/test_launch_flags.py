@@ -158,6 +158,7 @@ def test_a_draft_head_for_an_architecture_sp_does_not_serve_is_refused(
     import shutil
 
     from spexis_sglang.srt.launch_config import check_sp_architecture
+    from spexis_sglang.srt.model_registry import sp_architectures
 
     model = tmp_path / "model"
     shutil.copytree(ensure_default_model(), model)
@@ -171,7 +172,8 @@ def test_a_draft_head_for_an_architecture_sp_does_not_serve_is_refused(
     assert launch_server.main(argv) == 2
     err = capsys.readouterr().err
     assert f"the model is a {architecture}, which speculative parallelism does not serve" in err
-    assert "(it serves Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, " in err
+    served = "(it serves " + ", ".join(sp_architectures()) + ")"
+    assert served in err and "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM" in served
     assert "serve it without --spexis-draft-head, as plain SGLang" in err
 
 

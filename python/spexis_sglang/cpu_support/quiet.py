@@ -193,9 +193,11 @@ class RewriteFilter(logging.Filter):
         return True
 
 
-# the architectures SP serves whose SGLang loaders log those parameters (Mistral's is Llama's)
+# the architectures SP serves whose SGLang loaders log those parameters (Mistral's and Phi-3's
+# are Llama's)
 _MODELS = tuple(
-    f"sglang.srt.models.{name}" for name in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+    f"sglang.srt.models.{name}"
+    for name in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "glm4")
 )
 EVERYWHERE: Sequence = (
     ("sglang.srt.entrypoints.engine", _server_args),

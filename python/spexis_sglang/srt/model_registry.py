@@ -24,8 +24,10 @@ SPEXIS_MODEL_CLASSES: Dict[str, Tuple[str, str]] = {
 #: checkpoint classes whose SGLang class gets the draft head as it is registered
 #: (:func:`~.draft_model.with_draft_head`): its stages already pass on what the head reads
 DRAFT_HEAD_ON_SGLANG_CLASS: Tuple[str, ...] = (
+    "Glm4ForCausalLM",
     "MistralForCausalLM",  # SGLang's Llama under another name
     "MixtralForCausalLM",
+    "Phi3ForCausalLM",  # Phi-3 and Phi-4: SGLang's Llama with fused projections
     "Qwen3MoeForCausalLM",
 )
 
