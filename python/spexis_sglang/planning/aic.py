@@ -28,7 +28,8 @@ lists, because a Spexis stage is not something its models describe:
 
 Its SGLang database is for 0.5.14 (``current`` slot) on most systems; we run 0.5.17. The
 attention rows used are SGLang's triton kernels (our GPU runs use ``--attention-backend
-triton``). Dense decoder models only (Llama, Qwen2/3, Mistral-style ``config.json``).
+triton``). Dense decoder models only (Llama, Qwen2/3, Mistral, Phi-3, GLM-4-style
+``config.json``); the mixture-of-experts models SP serves are not modelled.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ LENGTH_PREDICTOR_HIDDEN = 512
 _DENSE_ARCHS = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",  # Llama's shapes, q/k/v and gate/up stored fused
+    "Glm4ForCausalLM",  # Llama's GEMMs plus two element-wise norms per layer
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
