@@ -177,6 +177,28 @@ def test_a_draft_head_for_an_architecture_sp_does_not_serve_is_refused(
     assert "serve it without --spexis-draft-head, as plain SGLang" in err
 
 
+def test_a_hub_id_is_checked_through_the_hugging_face_cache(tmp_path, monkeypatch):
+    """``--model-path org/name``: the architecture is read from the cached config.json (and
+    fetched when the hub is reachable; here it is offline and only the cache is read)."""
+    import json
+
+    import huggingface_hub
+
+    from spexis_sglang.srt.launch_config import check_sp_architecture
+
+    repo = tmp_path / "models--acme--tiny-phi"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"architectures": ["PhiForCausalLM"]}))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(launch_server.LaunchError, match="the model is a PhiForCausalLM"):
+        check_sp_architecture("acme/tiny-phi")
+    check_sp_architecture("acme/not-cached")  # nothing to read: SGLang reports it later
+
+
 @pytest.mark.parametrize(
     "extra, expected",
     [

@@ -8,7 +8,7 @@ import argparse
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_EXPLORE,
@@ -221,16 +221,36 @@ def resolve_length_oracle(spec: str, server_args) -> dict:
         ) from None
 
 
+def _model_config_path(model_path: str) -> Optional[str]:
+    """The model's config.json: in its directory, or for a hub id (``org/name``) the
+    Hugging Face cache's copy, fetched if the hub is reachable (it is small, and SGLang
+    fetches it next anyway); None where neither is to be had (SGLang then reports it)."""
+    local = os.path.join(os.path.expanduser(model_path), "config.json")
+    if os.path.isfile(local) or os.path.isdir(os.path.expanduser(model_path)):
+        return local if os.path.isfile(local) else None
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_path, "config.json")
+        if isinstance(cached, str):
+            return cached
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return None
+        return hf_hub_download(model_path, "config.json")
+    except Exception:  # not a hub id, no network, a gated repository: SGLang's to report
+        return None
+
+
 def check_sp_architecture(model_path: str) -> None:
     """Refuse ``--spexis-draft-head`` for a checkpoint class that has no Spexis model class:
     SGLang would build its own class, which makes no drafts, and stage 0 would fail at its
-    first forward. (A hub id is not read here; SGLang resolves it later.)"""
+    first forward."""
     from spexis_sglang.srt.model_registry import sp_architectures, unserved_architecture
 
     if not model_path:
         return
-    config_path = os.path.join(os.path.expanduser(model_path), "config.json")
-    if not os.path.isfile(config_path):
+    config_path = _model_config_path(model_path)
+    if config_path is None:
         return
     try:
         with open(config_path) as f:
