@@ -36,6 +36,7 @@ stream ``h + r`` at each sequence's last token, in fp32.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -372,35 +373,13 @@ class _SpexisDraftMixin:
         return self._spexis_forward(out, positions, forward_batch)
 
 
-class SpexisLlamaForCausalLM(_SpexisDraftMixin, LlamaForCausalLM):
-    """SGLang's Llama with the Spexis draft head on the first PP stage."""
-
-    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
-        super().__init__(config, quant_config=quant_config, prefix=prefix)
-        self._spexis_init_draft_head()
-
-
-class SpexisQwen2ForCausalLM(_SpexisDraftMixin, Qwen2ForCausalLM):
-    """SGLang's Qwen2 (Qwen2.5 and its distills) with the Spexis draft head on the first PP
-    stage."""
-
-    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
-        super().__init__(config, quant_config=quant_config, prefix=prefix)
-        self._spexis_init_draft_head()
-
-
-class SpexisQwen3ForCausalLM(_SpexisDraftMixin, Qwen3ForCausalLM):
-    """SGLang's Qwen3 with the Spexis draft head on the first PP stage."""
-
-    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
-        super().__init__(config, quant_config=quant_config, prefix=prefix)
-        self._spexis_init_draft_head()
-
-
-def with_draft_head(base: type) -> type:
+@functools.lru_cache(maxsize=None)
+def with_draft_head(base: type, name: Optional[str] = None) -> type:
     """Spexis' class for an SGLang model class whose pipeline stages hand on
     ``hidden_states`` and ``residual`` and whose first stage holds ``model.embed_tokens`` (as
-    Llama's do): ``base`` with the draft head on stage 0 (idempotent)."""
+    Llama's do): ``base`` with the draft head on stage 0, named ``name`` (default
+    ``Spexis<base>``). Idempotent, and one class per base: the registry's and this module's
+    are the same object."""
     if issubclass(base, _SpexisDraftMixin):
         return base
 
@@ -409,14 +388,19 @@ def with_draft_head(base: type) -> type:
         self._spexis_init_draft_head()
 
     return type(
-        f"Spexis{base.__name__}",
+        name or f"Spexis{base.__name__}",
         (_SpexisDraftMixin, base),
         {
             "__init__": __init__,
             "__module__": __name__,
-            "__doc__": f"SGLang's {base.__name__} with the Spexis draft head on the first PP stage.",
+            "__doc__": f"{base.__name__} with the Spexis draft head on the first PP stage.",
         },
     )
+
+
+SpexisLlamaForCausalLM = with_draft_head(LlamaForCausalLM)
+SpexisQwen2ForCausalLM = with_draft_head(Qwen2ForCausalLM)  # Qwen2.5 and its distills too
+SpexisQwen3ForCausalLM = with_draft_head(Qwen3ForCausalLM)
 
 
 def draft_num_layers(model: nn.Module) -> int:

@@ -24,7 +24,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTe
 from sglang.srt.models import gemma3_causal
 from sglang.srt.models.gemma3_causal import Gemma3ForCausalLM
 
-from spexis_sglang.srt.draft_model import _SpexisDraftMixin
+from spexis_sglang.srt.draft_model import with_draft_head
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,6 @@ class Gemma3ForCausalLMPP(Gemma3ForCausalLM):
         return super().load_weights(filter(mine, weights))
 
 
-class SpexisGemma3ForCausalLM(_SpexisDraftMixin, Gemma3ForCausalLMPP):
-    """Gemma 3 with pipeline stages and the Spexis draft head on stage 0."""
-
-    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
-        super().__init__(config, quant_config=quant_config, prefix=prefix)
-        self._spexis_init_draft_head()
+# Gemma 3 with pipeline stages and the Spexis draft head on stage 0
+SpexisGemma3ForCausalLM = with_draft_head(Gemma3ForCausalLMPP, "SpexisGemma3ForCausalLM")
+SpexisGemma3ForCausalLM.__module__ = __name__
