@@ -182,21 +182,93 @@ def test_a_hub_id_is_checked_through_the_hugging_face_cache(tmp_path, monkeypatc
     fetched when the hub is reachable; here it is offline and only the cache is read)."""
     import json
 
-    import huggingface_hub
+    import huggingface_hub.constants
 
     from spexis_sglang.srt.launch_config import check_sp_architecture
 
-    repo = tmp_path / "models--acme--tiny-phi"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("0" * 40)
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
+    snapshot = _fake_hub_snapshot(tmp_path, "acme/tiny-phi")
     (snapshot / "config.json").write_text(json.dumps({"architectures": ["PhiForCausalLM"]}))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(launch_server.LaunchError, match="the model is a PhiForCausalLM"):
         check_sp_architecture("acme/tiny-phi")
     check_sp_architecture("acme/not-cached")  # nothing to read: SGLang reports it later
+
+
+def _fake_hub_snapshot(cache, repo_id: str) -> "os.PathLike":
+    """An empty snapshot of ``repo_id`` in a Hugging Face cache laid out at ``cache``."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    return snapshot
+
+
+@pytest.mark.parametrize("weights", ["same", "other", "not downloaded"])
+def test_a_hub_id_gets_the_bundled_artifacts_checked_against_its_cached_files(
+    weights, tmp_path, monkeypatch
+):
+    """``--model-path HuggingFaceTB/SmolLM2-135M-Instruct --spexis-draft-head bundled``: the
+    layer count and the artifacts' checks read the cache's config.json (a hub id has no
+    directory of its own), and the weights fingerprint its snapshot's weights once SGLang has
+    downloaded them: another checkpoint under the same name is refused."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    import huggingface_hub.constants
+    import torch
+    from safetensors.torch import save_file
+
+    from spexis_sglang.models.artifact import weights_fingerprint
+    from spexis_sglang.srt.launch_config import check_draft_head_artifact, resolve_length_predictor
+
+    repo_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    snapshot = _fake_hub_snapshot(tmp_path, repo_id)
+    model = ensure_default_model()
+    (snapshot / "config.json").symlink_to(os.path.join(model, "config.json"))
+    if weights == "same":
+        (snapshot / "model.safetensors").symlink_to(os.path.join(model, "model.safetensors"))
+    elif weights == "other":  # a fine-tune's embedding (a few rows are all the hash reads)
+        embedding = torch.randn(64, 576, generator=torch.Generator().manual_seed(0))
+        save_file({"model.embed_tokens.weight": embedding}, str(snapshot / "model.safetensors"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    assert bundled_draft_head(repo_id, 2) == os.path.join(HEADS, "draft-exit15")
+    # the shipped head records no weights hash: a copy that records the model's
+    head = tmp_path / "head"
+    shutil.copytree(os.path.join(HEADS, "draft-exit15"), head)
+    config = json.loads((head / "config.json").read_text())
+    config["base_weights_hash"] = weights_fingerprint(model)
+    (head / "config.json").write_text(json.dumps(config))
+    server_args = SimpleNamespace(model_path=repo_id, pp_size=2, load_format="auto")
+    if weights == "other":
+        with pytest.raises(launch_server.LaunchError, match="does not match the base model's"):
+            check_draft_head_artifact(str(head), server_args)
+        return
+    check_draft_head_artifact(str(head), server_args)
+    assert resolve_length_predictor("bundled", server_args) == os.path.join(HEADS, "length")
+
+
+def test_a_hub_id_that_cannot_be_read_is_reported_not_crashed_on(tmp_path, monkeypatch):
+    """Neither cached nor reachable: the bundled head and an artifact say what is missing."""
+    from types import SimpleNamespace
+
+    import huggingface_hub.constants
+
+    from spexis_sglang.srt.bundled import BundledHeadError
+    from spexis_sglang.srt.launch_config import check_draft_head_artifact
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(BundledHeadError, match="no config.json for the model"):
+        bundled_draft_head(repo_id, 2)
+    server_args = SimpleNamespace(model_path=repo_id, pp_size=2, load_format="auto")
+    with pytest.raises(launch_server.LaunchError, match="cannot check it against the model"):
+        check_draft_head_artifact(os.path.join(HEADS, "draft-exit15"), server_args)
 
 
 @pytest.mark.parametrize(

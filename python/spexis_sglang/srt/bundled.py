@@ -7,9 +7,10 @@ stage 0's depth, which depends on ``--pp-size`` (and ``SGLANG_PP_LAYER_PARTITION
 
 from __future__ import annotations
 
-import json
 import os
 from typing import List
+
+from spexis_sglang.srt.model_files import read_model_config
 
 ARTIFACTS_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts"
@@ -53,8 +54,10 @@ def available_exits(model_path: str) -> List[int]:
 
 def bundled_draft_head(model_path: str, pp_size: int) -> str:
     """The shipped head directory whose exit layer is stage 0's depth for this ``pp_size``."""
-    with open(os.path.join(model_path, "config.json")) as f:
-        num_layers = json.load(f)["num_hidden_layers"]
+    try:
+        num_layers = read_model_config(model_path)["num_hidden_layers"]
+    except (OSError, ValueError, KeyError) as e:
+        raise BundledHeadError(f"cannot read the model's layer count: {e}") from None
     exit_layer = stage0_end_layer(num_layers, pp_size)
     path = os.path.join(_model_folder(model_path), f"draft-exit{exit_layer}")
     if not os.path.isfile(os.path.join(path, "model.safetensors")):

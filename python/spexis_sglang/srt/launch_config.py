@@ -5,10 +5,9 @@ the served model and stage 0's depth), the length oracle, the request limits."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Tuple
 
 from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_EXPLORE,
@@ -17,6 +16,7 @@ from spexis_sglang.core.online_alpha import (
 )
 from spexis_sglang.srt.config import RANDOM_HEAD_PREFIX, random_head_seed
 from spexis_sglang.srt.launch_flags import LaunchError
+from spexis_sglang.srt.model_files import model_weights_dir, read_model_config
 
 if TYPE_CHECKING:
     from spexis_sglang.srt.config import SpexisConfig
@@ -221,26 +221,6 @@ def resolve_length_oracle(spec: str, server_args) -> dict:
         ) from None
 
 
-def _model_config_path(model_path: str) -> Optional[str]:
-    """The model's config.json: in its directory, or for a hub id (``org/name``) the
-    Hugging Face cache's copy, fetched if the hub is reachable (it is small, and SGLang
-    fetches it next anyway); None where neither is to be had (SGLang then reports it)."""
-    local = os.path.join(os.path.expanduser(model_path), "config.json")
-    if os.path.isfile(local) or os.path.isdir(os.path.expanduser(model_path)):
-        return local if os.path.isfile(local) else None
-    try:
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
-
-        cached = try_to_load_from_cache(model_path, "config.json")
-        if isinstance(cached, str):
-            return cached
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            return None
-        return hf_hub_download(model_path, "config.json")
-    except Exception:  # not a hub id, no network, a gated repository: SGLang's to report
-        return None
-
-
 def check_sp_architecture(model_path: str) -> None:
     """Refuse ``--spexis-draft-head`` for a checkpoint class that has no Spexis model class:
     SGLang would build its own class, which makes no drafts, and stage 0 would fail at its
@@ -249,14 +229,10 @@ def check_sp_architecture(model_path: str) -> None:
 
     if not model_path:
         return
-    config_path = _model_config_path(model_path)
-    if config_path is None:
-        return
     try:
-        with open(config_path) as f:
-            architectures = json.load(f).get("architectures")
+        architectures = read_model_config(model_path).get("architectures")
     except (OSError, ValueError, AttributeError):
-        return  # SGLang reports an unreadable config itself
+        return  # SGLang reports a missing or unreadable config itself
     arch = unserved_architecture(architectures)
     if arch is not None:
         raise LaunchError(
@@ -351,13 +327,15 @@ def _check_stage0_artifact(
     from spexis_sglang.srt.bundled import stage0_end_layer
 
     try:
+        base = read_model_config(server_args.model_path)
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"{where}: cannot check it against the model: {e}") from None
+    try:
         cfg = read_artifact_config(path)
-        with open(os.path.join(server_args.model_path, "config.json")) as f:
-            base = json.load(f)
         exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
         check_compatible(cfg, base, expected_kind=kind, exit_layer=exit_layer, where=where)
         if server_args.load_format != "dummy":  # same architecture, other checkpoint
-            check_weights_fingerprint(cfg, server_args.model_path, where)
+            check_weights_fingerprint(cfg, model_weights_dir(server_args.model_path), where)
         if check_weights:
             # a truncated or reshaped model.safetensors fails here, not at stage 0's first
             # forward (header only: cheap)
