@@ -5,7 +5,10 @@ from setuptools import find_packages, setup
 setup(
     name="spexis-sglang",
     version="0.1.0",
-    description="Spexis (speculative parallelism, selective speculation, lookahead admission) on SGLang 0.5.17",
+    description=(
+        "Spexis (speculative parallelism, selective speculation, lookahead admission) on "
+        "SGLang 0.5.17"
+    ),
     package_dir={"": "python"},
     packages=find_packages("python"),
     package_data={"spexis_sglang": ["artifacts/**/*", "cpu_support/**/*", "planning/data/*.json"]},

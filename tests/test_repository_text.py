@@ -4,8 +4,8 @@ development log.
 Every tracked text file is read as a reader on the hosting page would read it:
 
 * no reference to files beside the checkout (the shared folder one level up) and no
-  absolute path of one machine (under its work, root or home folders): write ``~/.cache/...``, a path
-  relative to the repository, or a placeholder such as ``MODEL_DIR``;
+  absolute path of one machine (under its work, root or home folders): write
+  ``~/.cache/...``, a path relative to the repository, or a placeholder such as ``MODEL_DIR``;
 * in documentation, code, comments and scripts (``.md``, ``.py``, ``.sh``, ``Makefile``), no
   development history: no "session N", "round N", "issue N" / "issue #N", and no commit hash
   written into the text. Say what the code does and why; git keeps the history.

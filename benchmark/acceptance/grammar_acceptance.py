@@ -77,7 +77,9 @@ QUESTIONS = [
 ]
 WORKLOADS = {
     "json_schema": (
-        lambda i: f"Describe {SUBJECTS[i % len(SUBJECTS)]} as JSON with name, age, city and hobbies.",
+        lambda i: (
+            f"Describe {SUBJECTS[i % len(SUBJECTS)]} as JSON with name, age, city and hobbies."
+        ),
         {"json_schema": json.dumps(PERSON)},
     ),
     "regex": (

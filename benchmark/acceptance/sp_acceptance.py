@@ -10,8 +10,9 @@ per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
 ``--workload specbench`` serves the SpecBench-like mix the heads are scored on offline
 (``--prompts`` per category, first turns, chat template, greedy to EOS or ``--new-tokens``) and
 reports acceptance per category (``--export-prompt-ids F`` writes the tokenized prompts, which
-``--prompt-ids F`` serves on a machine without the data packages: the GPU's); ``--draft-head`` (repeatable there) serves each head in turn
-on the same prompts, so shipped and candidate heads are compared side by side in one run.
+``--prompt-ids F`` serves on a machine without the data packages: the GPU's); ``--draft-head``
+(repeatable there) serves each head in turn on the same prompts, so shipped and candidate heads
+are compared side by side in one run.
 """
 
 from __future__ import annotations

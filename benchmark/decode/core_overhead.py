@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = target["iteration_min_ms"] <= 1.0
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"target (B=256, memory pressure, one iteration <= 1 ms): min {target['iteration_min_ms']:.3f}"
+        "target (B=256, memory pressure, one iteration <= 1 ms): "
+        f"min {target['iteration_min_ms']:.3f}"
         f" ms, median {target['iteration_median_ms']:.3f} ms, CPU {target['iteration_cpu_ms']:.3f}"
         f" ms -> {'met' if ok else 'missed'} (uncontended estimate); load average "
         f"{load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs"

@@ -237,7 +237,8 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=1)
     for b, s in summary.items():
         print(
-            f"B={b}: stock {s['median_wall_s']['stock_pp2']:.2f} s, SP {s['median_wall_s']['spexis_sp2']:.2f} s, SP/stock {s['sp_over_stock']}"
+            f"B={b}: stock {s['median_wall_s']['stock_pp2']:.2f} s, "
+            f"SP {s['median_wall_s']['spexis_sp2']:.2f} s, SP/stock {s['sp_over_stock']}"
         )
     return 0
 

@@ -265,7 +265,8 @@ def markdown(summary: Dict[str, Any]) -> str:
                 f"{spname} (PP baseline: the faster per batch of {_names(s['pp_baseline'])}; "
                 f"TP baseline: {_names(s['tp_baseline'])}):",
                 "",
-                "| B | Θ meas. | SP/PP | SP/TP | pred. from PP stage | meas./pred. | meas./pred. (SP latency) | SP iter ms | PP stage ms (same rows) |",
+                "| B | Θ meas. | SP/PP | SP/TP | pred. from PP stage | meas./pred. | "
+                "meas./pred. (SP latency) | SP iter ms | PP stage ms (same rows) |",
                 "|---|---|---|---|---|---|---|---|---|",
             ]
             for r in s["rows"]:
@@ -274,14 +275,16 @@ def markdown(summary: Dict[str, Any]) -> str:
                     f"| {r['batch']} | {r.get('acceptance')} | {r.get('sp_over_pp', '-')} | "
                     f"{r.get('sp_over_tp', '-')} | {r.get('pred_from_pp_tok_s', '-')}{ext} | "
                     f"{r.get('measured_over_pred_from_pp', '-')} | "
-                    f"{r.get('measured_over_pred_from_sp_latency', '-')} | {r.get('iter_time_ms', '-')} | "
+                    f"{r.get('measured_over_pred_from_sp_latency', '-')} | "
+                    f"{r.get('iter_time_ms', '-')} | "
                     f"{r.get('pp_stage_ms_same_rows', '-')} |"
                 )
             lines.append("")
         pvm = m.get("planner_vs_measured")
         if pvm:
             lines += [
-                "Planner (`core.planner.rank_configurations` on this run's profile, evaluated at each B) vs measured, tokens/s:",
+                "Planner (`core.planner.rank_configurations` on this run's profile, evaluated at "
+                "each B) vs measured, tokens/s:",
                 "",
                 "| B | configuration | predicted | measured | error |",
                 "|---|---|---|---|---|",
@@ -292,7 +295,8 @@ def markdown(summary: Dict[str, Any]) -> str:
                 meas = r.get("measured_tok_s", "-")
                 err = f"{100 * r['error']:+.1f}%" if "error" in r else "-"
                 lines.append(
-                    f"| {r['batch']} | {r['label']}{th} | {r['predicted_tok_s']}{ext} | {meas} | {err} |"
+                    f"| {r['batch']} | {r['label']}{th} | {r['predicted_tok_s']}{ext} | "
+                    f"{meas} | {err} |"
                 )
             lines.append("")
         if m.get("not_ok"):

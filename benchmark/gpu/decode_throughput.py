@@ -563,12 +563,14 @@ def run_config(
                     sp = rec["sp"]
                     extra = (
                         f", acc {sp['acceptance']:.3f}, rows/it {sp['rows_per_iteration']:.1f},"
-                        f" it {1e3 * (sp['iter_time_s'] or 0):.2f} ms {sp['phase_ms_per_iteration']}"
+                        f" it {1e3 * (sp['iter_time_s'] or 0):.2f} ms"
+                        f" {sp['phase_ms_per_iteration']}"
                     )
                 print(
                     f"  {model} {v['name']} in={in_len} B={b}: "
                     + (
-                        f"{rec['decode_tok_s']:.0f} tok/s, step {rec['t_step_s'] * 1e3:.2f} ms{extra}"
+                        f"{rec['decode_tok_s']:.0f} tok/s, "
+                        f"step {rec['t_step_s'] * 1e3:.2f} ms{extra}"
                         if rec.get("decode_tok_s")
                         else f"{rec.get('error', 'no result')}"
                     ),

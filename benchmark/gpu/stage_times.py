@@ -170,9 +170,10 @@ def worker(args: argparse.Namespace) -> int:
 
 def p2p_probe(out: Path, sizes_mb: list, reps: int, cpu: bool) -> list:
     """NCCL send/recv between two processes on GPU 0 over loopback sockets (gloo on CPU)."""
-    code = r"""
+    code = """
 import os, sys, json, time, torch, torch.distributed as dist
-rank = int(sys.argv[1]); sizes = json.loads(sys.argv[2]); reps = int(sys.argv[3]); cpu = sys.argv[4] == "1"
+rank = int(sys.argv[1]); sizes = json.loads(sys.argv[2]); reps = int(sys.argv[3]); \
+cpu = sys.argv[4] == "1"
 os.environ["NCCL_HOSTID"] = f"spexis-probe-{rank}"  # as srt/hooks.share_one_gpu does
 os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 os.environ.setdefault("NCCL_IB_DISABLE", "1")

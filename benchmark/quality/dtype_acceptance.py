@@ -1,10 +1,10 @@
 """Draft-head acceptance when the exit features come from an fp32, bf16 or fp16 forward.
 
 Why: a head trained on fp32 hidden states (``train/collect.py``'s teacher-forced pass) led
-offline (the ``gpu-long`` candidate: .778 vs .760) but not inside the server, which runs the base *and* the
-head in float16 on CPU (bfloat16 on GPU). This script scores several heads on the same greedy
-answers with features and targets taken from one forward per dtype, split by answer position,
-paired per position so that a small difference is told from noise.
+offline (the ``gpu-long`` candidate: .778 vs .760) but not inside the server, which runs the
+base *and* the head in float16 on CPU (bfloat16 on GPU). This script scores several heads on
+the same greedy answers with features and targets taken from one forward per dtype, split by
+answer position, paired per position so that a small difference is told from noise.
 
 Steps (one CPU thread throughout):
 

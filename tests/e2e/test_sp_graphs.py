@@ -6,7 +6,8 @@ buckets of eager execution. Both servers log every decode row's draft as stage 0
 received it (``SPEXIS_DRAFT_LOG``, written after the replay) and the test compares them row by
 row, keyed by (request, position, input token): with batch-invariant kernels
 (``--enable-deterministic-inference``, ``benchmark/correctness/sp_correctness_gpu.sh``) a
-replay that read stale graph memory or a stale host tensor would show here even where outputs stay lossless.
+replay that read stale graph memory or a stale host tensor would show here even where outputs
+stay lossless.
 
 GPU only (CPU servers never capture graphs). With two GPUs each stage has its own; on one GPU
 both stages share it (``SPEXIS_SHARE_GPU=1``, ``srt/hooks.share_one_gpu``).

@@ -45,7 +45,10 @@ def client():
                 status_code=400,
                 content={
                     "error": {
-                        "message": f'bad\nTraceback (most recent call last):\n  File "{SERVER_DIR}/a.py", line 3, in f'
+                        "message": (
+                            "bad\nTraceback (most recent call last):\n"
+                            f'  File "{SERVER_DIR}/a.py", line 3, in f'
+                        )
                     }
                 },
             )

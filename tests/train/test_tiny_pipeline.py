@@ -39,7 +39,8 @@ def collected(base, tmp_path_factory):
 
 
 def test_collect_records_exactly_what_the_base_model_does(base, collected):
-    """Recorded greedy next tokens = HF generate; hidden_L = HF output_hidden_states[L] = stage-0 output."""
+    """Recorded greedy next tokens = HF generate; hidden_L = HF output_hidden_states[L] =
+    stage-0 output."""
     _, val = collected
     model = base.model
     for i, m in enumerate(val.meta):

@@ -216,7 +216,8 @@ def eq1_limit(num_stages: int, theta: float, start: Sequence[float]) -> float:
 
 
 def b_alpha_star(batch: float, num_stages: int, alpha: float) -> float:
-    """Steady-state rows per iteration under selective speculation, Eq. 3: ``B / (1 + alpha (N-1))``.
+    """Steady-state rows per iteration under selective speculation, Eq. 3:
+    ``B / (1 + alpha (N-1))``.
 
     Eq. 3 models a drop as a request that sits out ``N - 1`` iterations (it waits for
     verification) and returns with a normal row: ``B_{t+1} = alpha B_{t+1-N} + (1-alpha) B_t``
@@ -261,7 +262,8 @@ def b_eff_alpha_star(batch: float, num_stages: int, theta_alpha: float, alpha: f
 
 @dataclass(frozen=True)
 class SPAlphaSteadyState:
-    """Steady state of SP with drop ratio ``alpha``: rows launched and effective rows per iteration."""
+    """Steady state of SP with drop ratio ``alpha``: rows launched and effective rows per
+    iteration."""
 
     rows: float
     effective: float
@@ -295,7 +297,8 @@ def sp_alpha_exact(
     ``p = (1 - alpha) Theta_alpha`` and ``N`` iterations otherwise, so per request::
 
         effective per iteration = 1 / (N - (1 - alpha) Theta_alpha (N - 1))
-        rows per iteration      = (1 + (1-alpha)(1-Theta_alpha) S) / (N - (1-alpha) Theta_alpha (N-1))
+        rows per iteration      = (1 + (1-alpha)(1-Theta_alpha) S)
+                                  / (N - (1-alpha) Theta_alpha (N-1))
         S = sum_{j=0}^{N-2} (1 - alpha)^j   (expected stale rows after a wrong draft)
 
     Both reduce to Eq. 2 at ``alpha = 0`` and agree with Eq. 3-4 at ``Theta_alpha`` in

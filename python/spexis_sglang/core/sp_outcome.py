@@ -10,7 +10,8 @@ __all__ = ["Outcome", "SPProtocolError"]
 
 
 class SPProtocolError(RuntimeError):
-    """The caller broke the protocol (e.g. launched a row that :meth:`SPState.next_row` would not)."""
+    """The caller broke the protocol (e.g. launched a row that :meth:`SPState.next_row` would
+    not)."""
 
 
 class Outcome(enum.Enum):

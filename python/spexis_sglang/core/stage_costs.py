@@ -7,8 +7,9 @@ measured operator tables into :class:`StageCosts`; tests build them by hand).
 GPU time of a stage's forward (decode: ``rows`` rows at mean KV length ``ctx``; prefill:
 ``rows`` = prompt tokens in the batch)::
 
-    T_stage = correction(rows, ctx) * ( layers * sum_c layer[c](rows, ctx)
-                                        + sum_{e in extras of the stage's role} extra[e](rows, ctx) )
+    T_stage = correction(rows, ctx)
+              * ( layers * sum_c layer[c](rows, ctx)
+                  + sum_{e in extras of the stage's role} extra[e](rows, ctx) )
 
 The components keep their names so the simulator can say where a stage's time goes
 (``gemm``, ``attention``, ``elementwise``, ``allreduce`` per layer; ``embedding``,
@@ -138,7 +139,8 @@ class CostGrid:
 
 
 def layer_split(num_layers: int, pp: int) -> list[int]:
-    """Decoder layers per stage as SGLang splits them (the last ``remainder`` stages get one more)."""
+    """Decoder layers per stage as SGLang splits them (the last ``remainder`` stages get one
+    more)."""
     if pp < 1 or num_layers < pp:
         raise ValueError(f"cannot split {num_layers} layers over {pp} stages")
     base, rem = divmod(num_layers, pp)

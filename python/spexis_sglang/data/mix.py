@@ -12,9 +12,10 @@ category       construction
 math           GSM8K questions (test split), as is.
 qa             short questions (<= 300 chars, ending in "?") from AlpacaEval's test split,
                topped up with ShareGPT test-split questions of the same shape.
-summarization  ShareGPT test-split prompts (300-4000 chars) that ask for a summary, topped up by wrapping a
-               passage: "Summarize the following text in a few sentences.\n\n<passage>",
-               the passage being a 120-400-word ChatGPT answer from ShareGPT's test split.
+summarization  ShareGPT test-split prompts (300-4000 chars) that ask for a summary, topped up
+               by wrapping a passage: "Summarize the following text in a few
+               sentences.\n\n<passage>", the passage being a 120-400-word ChatGPT answer from
+               ShareGPT's test split.
 rag            "Answer the question using the documents below." + two documents (the
                ShareGPT test-split ChatGPT answer to the question, truncated to 200 words, and
                a distractor answer to another question, in a seeded order) + the question.

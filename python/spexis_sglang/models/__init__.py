@@ -2,7 +2,9 @@
 
 Loader API::
 
-    head, cfg = load_draft_head(path, base_config, exit_layer=None, device="cpu", dtype=torch.float32)
+    head, cfg = load_draft_head(
+        path, base_config, exit_layer=None, device="cpu", dtype=torch.float32
+    )
     tokens, confidence, kv = head.draft(hidden, positions, lm_head_weight)
     lp, cfg = load_length_predictor(path, base_config, exit_layer=None, device="cpu")
     probs = lp.probabilities(hidden); below = lp.predict(hidden)

@@ -181,7 +181,8 @@ class ArtifactConfig:
         extra: dict[str, Any],
         weights_hash: str | None = None,
     ) -> "ArtifactConfig":
-        """The config of an artifact trained on ``base_config`` (fingerprint and fields filled in)."""
+        """The config of an artifact trained on ``base_config`` (fingerprint and fields filled
+        in)."""
         return cls(
             kind=kind,
             base_model=base_model,
@@ -216,12 +217,14 @@ def check_compatible(
     exit_layer: int | None = None,
     where: str = "artifact",
 ) -> None:
-    """Raise :class:`ArtifactMismatchError` naming the field, the artifact's and the base's value."""
+    """Raise :class:`ArtifactMismatchError` naming the field, the artifact's and the base's
+    value."""
     if cfg.kind != expected_kind:
         raise ArtifactMismatchError(f"{where}: kind is {cfg.kind!r}, expected {expected_kind!r}")
     if cfg.format_version > FORMAT_VERSION:
         raise ArtifactMismatchError(
-            f"{where}: format_version {cfg.format_version} is newer than supported ({FORMAT_VERSION})"
+            f"{where}: format_version {cfg.format_version} is newer than supported "
+            f"({FORMAT_VERSION})"
         )
     base = architecture_fields(base_config)
     if cfg.base_fingerprint != base_fingerprint(base_config):

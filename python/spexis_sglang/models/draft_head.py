@@ -20,7 +20,8 @@ Forward, for one request, at every token position ``p`` (all math in fp32)::
         y = y + o                                # residual; no MLP, no post-attention norm
     z_p  = RMSNorm_final_norm(y_p)
     logits_p = z_p W_lmhead^T                    # the base model's LM head (not stored)
-    draft_p = argmax(logits_p); confidence_p = softmax(logits_p)[draft_p] = 1 / sum exp(logits_p - max)
+    draft_p = argmax(logits_p)
+    confidence_p = softmax(logits_p)[draft_p] = 1 / sum exp(logits_p - max)
 
 Each layer's K/V cover every position of the request, prompt included: prefill runs the head on
 all prompt tokens to fill its KV (one extra attention layer in stage 0's KV pool per head
@@ -286,7 +287,8 @@ def save_draft_head(
     metadata: dict | None = None,
     weights_hash: str | None = None,
 ) -> ArtifactConfig:
-    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at launch)."""
+    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at
+    launch)."""
     cfg = ArtifactConfig.for_base(
         KIND,
         base_config,

@@ -176,7 +176,8 @@ def save_length_predictor(
     metadata: dict | None = None,
     weights_hash: str | None = None,
 ) -> ArtifactConfig:
-    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at launch)."""
+    """Write the artifact; ``weights_hash``: the base's ``weights_fingerprint`` (checked at
+    launch)."""
     cfg = ArtifactConfig.for_base(
         KIND,
         base_config,

@@ -8,10 +8,11 @@ raise.
 
 Two layers, both SGLang extension points:
 
-* :class:`spexis_sglang.srt.tokenizer_manager.SpexisTokenizerManager` (passed to SGLang's ``launch_server`` through
-  ``init_tokenizer_manager_func``) checks the ids of every generate / embedding request in the
-  HTTP server's process: ``/generate`` (single and batch), the OpenAI completions with a
-  token-id prompt, ... answer HTTP 400 with :func:`input_ids_error`'s message.
+* :class:`spexis_sglang.srt.tokenizer_manager.SpexisTokenizerManager` (passed to SGLang's
+  ``launch_server`` through ``init_tokenizer_manager_func``) checks the ids of every generate /
+  embedding request in the HTTP server's process: ``/generate`` (single and batch), the OpenAI
+  completions with a token-id prompt, ... answer HTTP 400 with :func:`input_ids_error`'s
+  message.
 * :meth:`SpexisScheduler._add_request_to_queue` applies the same check to the request as the
   scheduler received it (every PP rank, so their mirrored states agree), for paths that do not
   go through this tokenizer manager (the offline ``Engine``, ``--tokenizer-worker-num > 1``).
@@ -47,7 +48,10 @@ def top_logprobs_num_error(top_logprobs_num, vocab_size: int) -> Optional[str]:
     if top_logprobs_num is None or isinstance(top_logprobs_num, list):
         return None  # a batch's list is split into per-request values before the check
     if not 0 <= top_logprobs_num <= vocab_size:
-        return f"top_logprobs_num must be in [0, {vocab_size}] (the vocab size), got {top_logprobs_num}"
+        return (
+            f"top_logprobs_num must be in [0, {vocab_size}] (the vocab size), "
+            f"got {top_logprobs_num}"
+        )
     return None
 
 

@@ -92,7 +92,8 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     if server_args.pp_size < 2:
         raise LaunchError(
             "--spexis-draft-head needs --pp-size >= 2: speculative parallelism runs the "
-            f"draft head on the first of several pipeline stages (got --pp-size {server_args.pp_size})"
+            "draft head on the first of several pipeline stages "
+            f"(got --pp-size {server_args.pp_size})"
         )
     if server_args.pp_async_batch_depth:
         raise LaunchError(

@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPAdmissionMixin:
-    """Look-ahead admission's count per iteration. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """Look-ahead admission's count per iteration. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def _sp_make_admission_gate(self: SpexisScheduler):
         """Stage 0's look-ahead admission (``--spexis-lookahead-admission``), else None."""

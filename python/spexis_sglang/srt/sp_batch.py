@@ -36,7 +36,8 @@ def _required_penalizers(batch: ScheduleBatch):
 
 
 class SPBatchMixin:
-    """A decode batch: rows, selection, KV memory, alternatives, the ScheduleBatch. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """A decode batch: rows, selection, KV memory, alternatives, the ScheduleBatch. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def sp_get_next_batch(
         self: SpexisScheduler,

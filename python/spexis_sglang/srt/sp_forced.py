@@ -5,7 +5,8 @@ acceptance rate Θ is measured by pretending: a row built on a draft accepts it 
 probability Θ, whatever the model said. Every rank must draw the same verdict without sharing
 a random stream, so the draw is a hash of (seed, request id, position, epoch) turned into a
 uniform number (splitmix64's finaliser, ``core/row_hash.py``), computed for a whole batch with
-numpy. The epoch is counted from the request's admission, so the draws do not depend on which slot it got.
+numpy. The epoch is counted from the request's admission, so the draws do not depend on which
+slot it got.
 Outputs in this mode are not the model's: every token is labelled (``FORCED_LABEL``).
 """
 

@@ -48,7 +48,8 @@ NEEDS_IDLE = tuple(
 
 
 class SPLoopMixin:
-    """The SP event loop and the request relay between stages. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """The SP event loop and the request relay between stages. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     @DynamicGradMode()
     def event_loop_sp(self: SpexisScheduler):

@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPMemoryMixin:
-    """KV memory of SP rows: slots, fitting, retraction. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """KV memory of SP rows: slots, fitting, retraction. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def _sp_alloc_kv(
         self: SpexisScheduler,

@@ -55,7 +55,8 @@ def prefill_can_mix(prefill: ScheduleBatch) -> bool:
 
 
 class SPMixedMixin:
-    """SP rows riding along a prefill chunk. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """SP rows riding along a prefill chunk. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def sp_rows_can_mix(self: SpexisScheduler) -> bool:
         """Every running request's rows may ride along a prefill chunk (mirrored state: every

@@ -15,7 +15,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPObserveMixin:
-    """The statistics line and the Prometheus series. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """The statistics line and the Prometheus series. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def sp_maybe_log(self: SpexisScheduler) -> None:
         stats = self.sp.stats

@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPSetupMixin:
-    """Setting up the SP loop when the PP event loop starts. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """Setting up the SP loop when the PP event loop starts. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def init_sp_state(self: SpexisScheduler) -> None:
         self.init_pp_loop_state()

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 
 class SPVerifyMixin:
-    """A returned batch's results, and releasing requests. (A mixin of :class:`~.sp_scheduler.SpexisScheduler`.)"""
+    """A returned batch's results, and releasing requests. (A mixin of
+    :class:`~.sp_scheduler.SpexisScheduler`.)"""
 
     def sp_process_result(self: SpexisScheduler, batch: ScheduleBatch, outputs: TransitOutputs):
         """A returned batch's results: a prefill's as SGLang processes them (its requests then

@@ -1,1 +1,2 @@
-"""Training pipeline for the draft head and the length predictor (``python -m spexis_sglang.train``)."""
+"""Training pipeline for the draft head and the length predictor
+(``python -m spexis_sglang.train``)."""

@@ -1,4 +1,5 @@
-"""Command line: ``python -m spexis_sglang.train [options] {collect,train-draft,train-length,calibrate,evaluate,export,all}``."""
+"""Command line: ``python -m spexis_sglang.train [options]
+{collect,train-draft,train-length,calibrate,evaluate,export,all}``."""
 
 from __future__ import annotations
 
@@ -226,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kl-weight",
         type=float,
         default=None,
-        help="weight of the distillation term (KL to the base's next-token distribution; default 0.5)",
+        help="weight of the distillation term (KL to the base's next-token distribution; "
+        "default 0.5)",
     )
     p.add_argument("--length-epochs", type=int, default=None)
     p.add_argument(

@@ -3,8 +3,8 @@
 For every prompt the base model generates a greedy answer (chat template applied), either with
 batched HF ``generate`` (``backend="hf"``) or, much faster on a GPU, with one SGLang server
 that gets every prompt of a set at once as token ids (``backend="sglang"``,
-:func:`sglang_answers`; continuous batching and CUDA graphs). The full sequence (prompt + answer) is then run once more,
-teacher-forced, and for every position we record
+:func:`sglang_answers`; continuous batching and CUDA graphs). The full sequence (prompt +
+answer) is then run once more, teacher-forced, and for every position we record
 
 * ``tokens``: the token id at the position;
 * ``next``: the base model's greedy next token given that prefix (argmax of its logits) -- the
@@ -69,7 +69,8 @@ class CollectConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.worker < self.num_workers:
             raise ValueError(
-                f"collect worker {self.worker} of {self.num_workers}: need 0 <= worker < num_workers"
+                f"collect worker {self.worker} of {self.num_workers}: "
+                "need 0 <= worker < num_workers"
             )
 
 

@@ -451,7 +451,8 @@ def data_sets(cfg: PipelineConfig) -> dict[str, list]:
 
 
 def write_prompt_sets(cfg: PipelineConfig, path: str) -> dict[str, int]:
-    """Freeze the prompt sets into one JSON file (to collect on a machine without the data packages)."""
+    """Freeze the prompt sets into one JSON file (to collect on a machine without the data
+    packages)."""
     sets = data_sets(replace(cfg, prompts_file=""))
     # references (human / ChatGPT answers) only built the derived prompts, already made here:
     # left out, the file carries in about half the bytes
@@ -1017,8 +1018,10 @@ def _data_summary(cfg: PipelineConfig) -> dict:
             miss = m.get("missing_shards", 0)
             out[name] = (
                 (f"PARTIAL ({miss} of {m['n_shards']} shards missing): " if miss else "")
-                + f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens ({m['n_answer_tokens']} answer), "
-                f"{fin} ended with EOS, {m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
+                + f"{len(m['sequences'])} sequences, {m['n_tokens']} tokens "
+                f"({m['n_answer_tokens']} answer), "
+                f"{fin} ended with EOS, "
+                f"{m['gen_mismatches']} generate/teacher-forced greedy mismatches, "
                 f"{m['skipped_too_long']} prompts skipped as too long"
                 + (
                     f", {m['not_answered']} not answered by the generation deadline"

@@ -55,7 +55,8 @@ def rank_profile(
     seed: int = 0,
     repeats: int = 4,
 ) -> dict:
-    """Acceptance per confidence-rank bin within random batches of ``batch`` rows (rank 0 = most confident).
+    """Acceptance per confidence-rank bin within random batches of ``batch`` rows (rank 0 = most
+    confident).
 
     Rows are shuffled into batches (``repeats`` different shuffles), each batch is sorted by
     confidence, and rank ``r`` falls in bin ``floor(r * bins / batch)``.
@@ -176,7 +177,8 @@ def render_markdown(r: dict) -> str:
     run = r.get("run", {})
     if run:
         lines += [
-            f"Run: preset `{run.get('preset')}`, device `{run.get('device')}`, seed {run.get('seed')}. "
+            f"Run: preset `{run.get('preset')}`, device `{run.get('device')}`, "
+            f"seed {run.get('seed')}. "
             f"Command: `{run.get('command')}`",
             "",
         ]
@@ -206,7 +208,8 @@ def render_markdown(r: dict) -> str:
     lines.append("")
     rows_line = (
         ", ".join(
-            f"{CATEGORY_LABELS[c]} {r['draft'][next(iter(r['draft']))]['acceptance'].get(c, {}).get('rows', 0)}"
+            f"{CATEGORY_LABELS[c]} "
+            f"{r['draft'][next(iter(r['draft']))]['acceptance'].get(c, {}).get('rows', 0)}"
             for c in cats
         )
         if r.get("draft")
@@ -216,7 +219,8 @@ def render_markdown(r: dict) -> str:
     lines += [
         "## Figure 9 style: acceptance vs confidence rank within a batch",
         "",
-        "Batches of {} random rows of the mix, sorted by draft confidence (rank 0 = most confident); "
+        "Batches of {} random rows of the mix, sorted by draft confidence "
+        "(rank 0 = most confident); "
         "acceptance per tenth of the rank. alpha = drop ratio chosen by `{}`.".format(
             next(iter(r["draft"].values()))["rank_profile"]["batch"] if r.get("draft") else 64,
             next(iter(r["draft"].values()))["alpha"]["chooser"] if r.get("draft") else "",
@@ -253,7 +257,8 @@ def render_markdown(r: dict) -> str:
         lines += [
             "## Table 4 style: remaining-length prediction",
             "",
-            f"Exit layer {lp['exit_layer']}; cutoffs calibrated on the validation split to precision >= {lp['target_precision']}.",
+            f"Exit layer {lp['exit_layer']}; cutoffs calibrated on the validation split to "
+            f"precision >= {lp['target_precision']}.",
             "",
         ]
         if "features" in lp:
@@ -313,7 +318,8 @@ def plot_fig9(r: dict, path: str) -> None:
             acc,
             marker="o",
             color=col,
-            label=f"exit {ex['exit_fraction']} (layer {ex['exit_layer']}), Θ={ex['acceptance']['avg']['micro']:.2f}",
+            label=f"exit {ex['exit_fraction']} (layer {ex['exit_layer']}), "
+            f"Θ={ex['acceptance']['avg']['micro']:.2f}",
         )
         a = ex["alpha"]["affine"]["alpha"]
         if a > 0:
@@ -360,7 +366,10 @@ def plot_fig9(r: dict, path: str) -> None:
 def _pr(st: dict | None) -> str:
     if not st:
         return "–"
-    return f"{_fmt(st.get('precision', float('nan')), True)} / {_fmt(st.get('recall', float('nan')), True)}"
+    return (
+        f"{_fmt(st.get('precision', float('nan')), True)} / "
+        f"{_fmt(st.get('recall', float('nan')), True)}"
+    )
 
 
 def _meets(st: dict | None, precision: float, recall: float) -> bool:
@@ -391,7 +400,8 @@ def render_compare(c: dict) -> str:
         "Shipped = the committed artifacts (`python/spexis_sglang/artifacts/`), evaluated by "
         "`check-artifacts` on this run's data; new = trained in this run. Same rows for both.",
         "",
-        f"## First-draft acceptance on the SpecBench-like mix (target avg >= {c.get('target_acceptance', 0.7):.2f} at the 1/2 exit)",
+        "## First-draft acceptance on the SpecBench-like mix (target avg >= "
+        f"{c.get('target_acceptance', 0.7):.2f} at the 1/2 exit)",
         "",
     ]
     cats = list(CATEGORIES)
@@ -413,7 +423,8 @@ def render_compare(c: dict) -> str:
                 lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     lines += [
-        f"## Remaining-length prediction: precision / recall at the calibrated cutoffs (target: recall >= {tr:.2f} at precision >= {tp:.2f} for L<16, L<32, L<64)",
+        "## Remaining-length prediction: precision / recall at the calibrated cutoffs "
+        f"(target: recall >= {tr:.2f} at precision >= {tp:.2f} for L<16, L<32, L<64)",
         "",
         "Shipped predictor with its own cutoffs; new ones calibrated on this run's validation "
         "set. Label mask as in the run (`window`). ✓ = target met.",

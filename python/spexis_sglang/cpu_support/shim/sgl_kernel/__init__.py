@@ -1,4 +1,5 @@
-"""CPU stand-in for the few ``sgl_kernel`` ops SGLang 0.5.17 imports when ``SGLANG_USE_CPU_ENGINE=1``.
+"""CPU stand-in for the few ``sgl_kernel`` ops SGLang 0.5.17 imports when
+``SGLANG_USE_CPU_ENGINE=1``.
 
 The real CPU build of ``sgl_kernel`` (Intel's) is not on PyPI, and the PyPI ``sglang-kernel``
 is CUDA-only. This package is put on ``sys.path`` only by :mod:`spexis_sglang.cpu_support` in
