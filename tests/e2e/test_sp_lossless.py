@@ -273,26 +273,21 @@ def test_retraction_under_memory_pressure_is_lossless(server_factory, tiny_model
     assert sp_server.alive()
 
 
-def _session_turns(server, prompts: List[List[int]], streaming: bool) -> List[List[int]]:
-    """SGLang's sessions: each turn continues the one before (its context and KV kept; in a
-    streaming session the previous request's own KV slots). A non-streaming session names
-    the turn it continues and then also branches from its first turn, once appended and once
-    spliced at a token offset."""
+def _session_turns(server, prompts: List[List[int]]) -> List[List[int]]:
+    """SGLang's sessions: each turn names the turn it continues (its context and KV kept),
+    then two turns branch from the first one, one appended and one spliced at a token
+    offset."""
     url = server.base_url
-    r = requests.post(
-        url + "/open_session", json={"capacity_of_str_len": 8000, "streaming": streaming}
-    )
+    r = requests.post(url + "/open_session", json={"capacity_of_str_len": 8000})
     assert r.status_code == 200, r.text[:300]
     sid = r.json()
     sampling = {"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True}
-    turns = [{"rid": i - 1} for i in range(len(prompts))]
-    if not streaming:
-        turns += [{"rid": 0}, {"rid": 0, "offset": 5}]
-        prompts = prompts + prompts[:2]
+    turns = [{"rid": i - 1} for i in range(len(prompts))] + [{"rid": 0}, {"rid": 0, "offset": 5}]
+    prompts = prompts + prompts[:2]
     outputs, ids = [], []
     for prompt, turn in zip(prompts, turns):
         params = {"id": sid}
-        if turn["rid"] >= 0 and not streaming:  # a streaming session continues its latest
+        if turn["rid"] >= 0:
             params["rid"] = ids[turn["rid"]]
         if "offset" in turn:
             params["offset"] = turn["offset"]
@@ -305,18 +300,15 @@ def _session_turns(server, prompts: List[List[int]], streaming: bool) -> List[Li
     return outputs
 
 
-@pytest.mark.parametrize("streaming", [False, True], ids=["tree", "streaming"])
-def test_session_turns_equal_plain_sglang(server_factory, model_dir, trained_head, streaming):
+def test_session_turns_equal_plain_sglang(server_factory, model_dir, trained_head):
     """Multi-turn sessions (/open_session, session_params) over SP: every turn's tokens are
-    plain SGLang's, so what the session keeps of a turn is its verified context only (a
-    streaming session keeps the previous turn's own KV slots, where SP's rows built on
-    rejected drafts were written). A streaming session's turns are the same contexts as the
-    plain session's chained turns, so both compare with plain SGLang's plain session."""
+    plain SGLang's, so what the session keeps of a turn is its verified context only. (A
+    streaming session, ``--enable-streaming-session``, which keeps the previous turn's own KV
+    slots, gave plain SGLang's tokens too when checked by hand; its extra server is left out
+    of the suite for time.)"""
     prompts = [p[:24] for p in lossless_prompts(model_dir, 4)]
-    expected = _session_turns(server_factory(BASELINE), prompts, False)
-    extra = ["--enable-streaming-session"] if streaming else []
-    sp_server = server_factory(sp_args(2, trained_head, *extra))
+    expected = _session_turns(server_factory(BASELINE), prompts)
+    sp_server = server_factory(sp_args(2, trained_head))
     before = spexis_stats(sp_server)
-    got = _session_turns(sp_server, prompts, streaming)
-    assert got == expected[: len(got)]
+    assert _session_turns(sp_server, prompts) == expected
     assert spexis_stats(sp_server)["rows_spec"] > before["rows_spec"]  # it speculated
