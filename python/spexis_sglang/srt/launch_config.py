@@ -16,7 +16,7 @@ from spexis_sglang.core.online_alpha import (
 )
 from spexis_sglang.srt.config import RANDOM_HEAD_PREFIX, random_head_seed
 from spexis_sglang.srt.launch_flags import LaunchError
-from spexis_sglang.srt.model_files import model_weights_dir, read_model_config
+from spexis_sglang.srt.model_files import read_model_config, read_model_config_and_dir
 
 if TYPE_CHECKING:
     from spexis_sglang.srt.config import SpexisConfig
@@ -328,7 +328,7 @@ def _check_stage0_artifact(
     from spexis_sglang.srt.bundled import stage0_end_layer
 
     try:
-        base = read_model_config(server_args.model_path)
+        base, model_dir = read_model_config_and_dir(server_args.model_path)
     except (OSError, ValueError) as e:
         raise LaunchError(f"{where}: cannot check it against the model: {e}") from None
     try:
@@ -336,7 +336,7 @@ def _check_stage0_artifact(
         exit_layer = stage0_end_layer(base["num_hidden_layers"], server_args.pp_size)
         check_compatible(cfg, base, expected_kind=kind, exit_layer=exit_layer, where=where)
         if server_args.load_format != "dummy":  # same architecture, other checkpoint
-            check_weights_fingerprint(cfg, model_weights_dir(server_args.model_path), where)
+            check_weights_fingerprint(cfg, model_dir, where)
         if check_weights:
             # a truncated or reshaped model.safetensors fails here, not at stage 0's first
             # forward (header only: cheap)

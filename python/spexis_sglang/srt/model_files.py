@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 
 def model_config_path(model_path: str) -> Optional[str]:
@@ -34,6 +34,13 @@ def model_config_path(model_path: str) -> Optional[str]:
 
 def read_model_config(model_path: str) -> dict:
     """The model's config.json as a dict; FileNotFoundError naming where it was looked for."""
+    return read_model_config_and_dir(model_path)[0]
+
+
+def read_model_config_and_dir(model_path: str) -> Tuple[dict, str]:
+    """The model's config.json and the directory it is in, which holds the model's weights as
+    far as they are on this machine (a hub id's cache snapshot has none until SGLang has
+    downloaded them once)."""
     path = model_config_path(model_path)
     if path is None:
         raise FileNotFoundError(
@@ -41,12 +48,4 @@ def read_model_config(model_path: str) -> dict:
             "hub id in the Hugging Face cache or reachable)"
         )
     with open(path) as f:
-        return json.load(f)
-
-
-def model_weights_dir(model_path: str) -> Optional[str]:
-    """The directory holding the model's weights as far as they are on this machine: the
-    model directory, or a hub id's cache snapshot (empty of weights until SGLang has
-    downloaded them once)."""
-    path = model_config_path(model_path)
-    return os.path.dirname(path) if path is not None else None
+        return json.load(f), os.path.dirname(path)
