@@ -175,7 +175,31 @@ def _ipc_worker(rank: int, repeats: int, dist) -> Dict[str, float]:
         if not torch.equal(got["x"], local[:size]) or got["__msg_type__"] != "proxy":
             raise RuntimeError(f"ipc: message of {size} bytes came back different")
     out["sent_ipc"] = link.sent_ipc
+    out["lagging_receiver_messages"] = lagging_receiver_check(link, rank)
+    out["send_waits"] = link.send_waits
     return out
+
+
+def lagging_receiver_check(link, rank: int, rounds: int = 3) -> int:
+    """Rank 0 sends ``rounds`` times as many messages as the link has slots while rank 1 is
+    still asleep, each its own contents; rank 1 then takes them all and checks every one (a
+    sender that reused a slot before its message was taken would overwrite it). The messages
+    sent; raises on rank 1 if any arrived different."""
+    import torch
+
+    n = rounds * link.slots
+    if rank == 0:
+        for i in range(n):
+            link.send({"x": torch.full((4096,), i, dtype=torch.int32, device="cuda"), "i": i})
+        torch.cuda.synchronize()
+    else:
+        time.sleep(1.0)
+        for i in range(n):
+            got = link.recv()
+            want = torch.full((4096,), i, dtype=torch.int32, device="cuda")
+            if got["i"] != i or not torch.equal(got["x"], want):
+                raise RuntimeError(f"ipc: message {i} of a lagging receiver arrived different")
+    return n
 
 
 def run_mode(mode: str, gpus: int, repeats: int) -> Dict[str, float]:

@@ -15,6 +15,13 @@ would sit in every measurement, so ``SPEXIS_PP_TRANSPORT=ipc`` sends the PP tens
   machine, against ~50 µs for NCCL's smallest message); a receive reads the layout, makes its
   stream wait for ``ready``, copies the tensors out into fresh tensors and records ``free``.
   Both sides stay in stream order: the host never waits for the device;
+* a device wait on ``free`` orders the sender's copy after the receiver's only once the
+  receiver has *recorded* it: a receiver ``slots`` messages behind would leave the sender
+  waiting on the slot's previous record and overwriting a message not yet read. So the
+  receiver acknowledges every message it has taken (a count over a second zmq pipe, once its
+  ``free`` is recorded) and the sender reuses a slot only after that count says so, waiting
+  on the host if the receiver is that far behind (``send_waits`` counts it; the PP loops keep
+  fewer messages in flight than there are slots);
 * a message too large for a slot (a long prefill chunk's proxy) goes over NCCL as before; the
   layout says which, and both kinds keep their order.
 
@@ -74,7 +81,15 @@ class SameGpuLink:
         self.address = f"ipc://@spexis-stage-link-{os.getpid()}-{uuid.uuid4().hex}"
         self._layouts_in.bind(self.address)
         self._layouts_out: Optional[zmq.Socket] = None
+        # the receiver's count of messages taken from the outbox (ipc ones), pushed back here
+        self._acks_in = context.socket(zmq.PULL)
+        self._acks_in.setsockopt(zmq.LINGER, 0)
+        self.ack_address = f"ipc://@spexis-stage-link-acks-{os.getpid()}-{uuid.uuid4().hex}"
+        self._acks_in.bind(self.ack_address)
+        self._acks_out: Optional[zmq.Socket] = None
+        self._acked = 0
         self.sent_ipc = self.sent_nccl = 0
+        self.send_waits = 0  # sends that waited for the receiver to free a slot
 
     # ------------------------------------------------------------------ set-up
     @classmethod
@@ -95,6 +110,14 @@ class SameGpuLink:
         theirs = group.recv_object(src=link.next_rank)
         for w in works:
             w.work.wait()
+        # the other way round: where this rank's acknowledgements go (the previous rank's pipe)
+        works = group.send_object(link.ack_address, dst=link.next_rank, async_send=True)
+        prev_ack_address = group.recv_object(src=link.prev_rank)
+        for w in works:
+            w.work.wait()
+        link._acks_out = zmq.Context.instance().socket(zmq.PUSH)
+        link._acks_out.setsockopt(zmq.LINGER, 0)
+        link._acks_out.connect(prev_ack_address)
         rebuild, args = theirs["inbox"]
         link.outbox = rebuild(*args)
         device = torch.cuda.current_device()
@@ -130,6 +153,7 @@ class SameGpuLink:
             self._send_nccl(tensor_dict)
             return
         stream = torch.cuda.current_stream()
+        self._wait_for_slot(self._send_seq)
         slot = self._send_seq % self.slots
         self._send_seq += 1
         stream.wait_event(self.out_free[slot])
@@ -140,6 +164,19 @@ class SameGpuLink:
         self.out_ready[slot].record(stream)
         self._send_layout(("ipc", slot, layout))
         self.sent_ipc += 1
+
+    def _wait_for_slot(self, seq: int) -> None:
+        """Return once message ``seq - slots`` (the slot's previous one) has been taken: its
+        ``free`` is recorded, so the device wait on it orders this copy after that one."""
+        need = seq - self.slots + 1  # messages the receiver must have taken
+        while self._acked < need:
+            try:
+                self._acked = max(self._acked, int(self._acks_in.recv(zmq.NOBLOCK)))
+                continue
+            except zmq.Again:
+                pass
+            self.send_waits += 1
+            self._acked = max(self._acked, int(self._acks_in.recv()))
 
     def _send_layout(self, message) -> None:
         self._layouts_out.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -167,6 +204,7 @@ class SameGpuLink:
             out[key] = t
         self.free[slot].record(stream)
         self._recv_seq += 1
+        self._acks_out.send(str(self._recv_seq).encode())
         return out
 
     # ------------------------------------------------------------------ too large: NCCL
