@@ -116,10 +116,16 @@ COMMITTED = {
     # --max-total-tokens 160000 (benchmark/gpu/pipeline_box.sh): stock PP2 with SGLang's
     # micro-batch cap and balanced micro-batches, at async depth 0 (and 1 in the first file),
     # SP2 at alpha 0 and Theta 0.76 / 0.6; stage 0's phase timers and GPU time per batch.
-    # Validation only: nothing is fit on them.
+    # The overlapped loop's host costs are fit on SP2's timers in the second file
+    # (calibrate.OVERLAP_FIT_FILE); every other point is validation.
     "box_new_loop": [
         "benchmark/results/gpu/box_decode_llama-3.1-8b_pp1_alphaauto.json",  # 2026-12-03
         "benchmark/results/gpu/box_decode_llama-3.1-8b.json",  # 2026-12-03, inputs 128, 2048
         "benchmark/results/gpu/box_decode_llama-3.1-8b_alphaauto.json",  # 2026-12-04
+    ],
+    # the same box and loop, Qwen3-32B-shaped (32 layers per stage), --max-total-tokens
+    # 100000 (B = 512 at 128 + 128 tokens exceeds it): a model no fit has seen
+    "box_qwen3_32b": [
+        "benchmark/results/gpu/box_decode_qwen3-32b.json",  # 2026-12-04
     ],
 }

@@ -15,8 +15,11 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
    committed files): SP2 at alpha 0, Theta 0.76 and 0.6, inputs 128 (B = 16..512) and 2,048
    (B = 16..64), simulated with the overlapped loop (``LoopSpec.send_after_launch``, the
    verdicts taken on the device, host costs ``graphs_overlap``); stock PP2 from the same
-   calls (SGLang's micro-batch cap and balanced micro-batches, async depth 0 and 1). All
-   validation; stage 0's iteration and GPU time beside the simulated ones.
+   calls (SGLang's micro-batch cap and balanced micro-batches, async depth 0 and 1).
+   Validation but SP2 in the file its host costs are fit on; stage 0's iteration and GPU time beside the simulated ones.
+2c. ``box_qwen3_32b``: the same box and loop with the Qwen3-32B shape (2026-12-04), a model
+   nothing was fit on; points whose requests exceed the run's KV budget (B = 512) are marked
+   ``kv_bound`` (SGLang runs fewer at once and retracts some; the simulator does not).
 3. ``box_gemm_ratio``: the GEMM-only ideal SP2/PP2 ratio on the box beside the same ratio from
    AIConfigurator's GEMM tables under the MPS sharing model.
 4. ``real_2xh200_graphs_off``: the committed real 2 x H200 runs 3 (Qwen3-8B) and 4
@@ -61,6 +64,7 @@ logger = logging.getLogger("validate")
 MS = 1e-3
 LLAMA = ROOT / "benchmark/gpu/configs/llama-3.1-8b"
 QWEN = ROOT / "benchmark/gpu/configs/qwen3-8b"
+QWEN32 = ROOT / "benchmark/gpu/configs/qwen3-32b"
 TARGET = 0.10
 
 
@@ -158,24 +162,44 @@ def box(cal) -> tuple[list, list]:
     return pts, phases
 
 
-def _box_new_loop_files() -> list:
+def _box_files(files: list) -> list:
     out = []
-    for f in M.COMMITTED["box_new_loop"]:
+    for f in files:
         d = json.loads((ROOT / f).read_text())
         out.append((f, d["started"][:10], d))
     return out
 
 
+def _kv_bound(d: dict, batch: int, input_len: int) -> bool:
+    """The point's requests need more KV than the run's budget (SGLang then runs fewer of them
+    at once and retracts some, which the simulator's decode benchmark does not model)."""
+    budget = (d.get("kv_budget") or {}).get("max_total_tokens")
+    return bool(budget) and batch * (input_len + d["output_len"]) > budget
+
+
 def box_new_loop(cal) -> tuple[list, list]:
-    """The box with the overlapped SP loop: every SP2 alpha-0 and stock PP2 point, validation.
+    """The box with the overlapped SP loop, Llama-3.1-8B shape: every SP2 alpha-0 and stock
+    PP2 point (validation but SP2 in the file its host costs were fit on)."""
+    return _box_runs(cal, "box_new_loop", M.COMMITTED["box_new_loop"], "llama-3.1-8b", LLAMA)
+
+
+def box_qwen3_32b(cal) -> tuple[list, list]:
+    """The box with the overlapped SP loop, Qwen3-32B shape: a model no part of the calibration
+    saw (its stage-time correction comes from the 8B-shaped stages); every point validation
+    but those whose requests exceed the KV budget (``kv_bound``)."""
+    return _box_runs(cal, "box_qwen3_32b", M.COMMITTED["box_qwen3_32b"], "qwen3-32b", QWEN32)
+
+
+def _box_runs(cal, section: str, files: list, model: str, config_dir: Path) -> tuple[list, list]:
+    """SP2 alpha-0 and stock PP2 points of the box runs in ``files`` beside the simulator.
 
     SP2 runs the overlapped loop (``LOOPS['overlap']``, host ``graphs_overlap``); stock PP2
     runs SGLang's loop (``graphs_serial``), at the point's micro-batch cap (SGLang's
     max_running / 2, or balanced B / 2: ``max_running`` = 2 x the cap) and async depth.
     """
     kw = dict(link="loopback_box", sharing="mps_box", calibration=cal)
-    m_sp = machine_for(LLAMA, "h200_sxm", tp=1, loop="overlap", **kw)
-    m_pp = machine_for(LLAMA, "h200_sxm", tp=1, loop="serial", **kw)
+    m_sp = machine_for(config_dir, "h200_sxm", tp=1, loop="overlap", **kw)
+    m_pp = machine_for(config_dir, "h200_sxm", tp=1, loop="serial", **kw)
     memo: dict = {}
 
     def sim(key):
@@ -204,8 +228,8 @@ def box_new_loop(cal) -> tuple[list, list]:
 
     pts, phases = [], []
     steady: dict = {}
-    for f, day, d in _box_new_loop_files():
-        for x in d["models"]["llama-3.1-8b"]["results"]:
+    for f, day, d in _box_files(files):
+        for x in d["models"][model]["results"]:
             cfg, kind = x["config"], x["kind"]
             if x.get("status") != "run" or kind not in ("pp", "sp") or "alphaauto" in cfg:
                 continue
@@ -222,10 +246,12 @@ def box_new_loop(cal) -> tuple[list, list]:
                 thr, _, lr = sim(key)
                 # the overlapped loop's host costs come from this file's SP timers
                 role = "fit" if kind == "sp" and f == OVERLAP_FIT_FILE else "validation"
+                if _kv_bound(d, b, il):
+                    role = "kv_bound"
                 pts.append(
                     _point(
-                        "box_new_loop",
-                        f"new loop, {day}: {label}",
+                        section,
+                        f"{'new loop' if model == 'llama-3.1-8b' else model}, {day}: {label}",
                         b,
                         bt["decode_tok_s"],
                         thr,
@@ -239,7 +265,7 @@ def box_new_loop(cal) -> tuple[list, list]:
                     )
                 )
         for c in d.get("comparison", []):
-            if "alphaauto" in c["config"]:
+            if "alphaauto" in c["config"] or c.get("model", model) != model:
                 continue
             theta = float(c["config"].rsplit("theta", 1)[1])
             key = (theta, c["batch"], c["input_len"])
@@ -273,7 +299,11 @@ def box_new_loop(cal) -> tuple[list, list]:
                     },
                     "gpu_error": round(st.stage_gpu_ms[0] / c["stage0_gpu_ms"] - 1, 4),
                     "iteration_error": round(st.iteration_s * 1e3 / c["stage0_iter_ms"] - 1, 4),
-                    "role": "fit" if f == OVERLAP_FIT_FILE else "validation",
+                    "role": (
+                        "kv_bound"
+                        if _kv_bound(d, c["batch"], c["input_len"])
+                        else "fit" if f == OVERLAP_FIT_FILE else "validation"
+                    ),
                 }
             )
     return pts, phases
@@ -547,10 +577,11 @@ def plot(points: list, path: Path) -> None:
         "h200_pp1": "tab:blue",
         "box": "tab:orange",
         "box_new_loop": "tab:green",
+        "box_qwen3_32b": "tab:purple",
         "real_2xh200_graphs_off": "tab:gray",
     }
     for sec, c in colors.items():
-        for role, mk in (("validation", "o"), ("fit", "x")):
+        for role, mk in (("validation", "o"), ("fit", "x"), ("kv_bound", "^")):
             p = [q for q in points if q["section"] == sec and q["role"] == role]
             if not p:
                 continue
@@ -576,7 +607,7 @@ def plot(points: list, path: Path) -> None:
         q
         for q in points
         if q["section"] in ("h200_pp1", "box")
-        or (q["section"] == "box_new_loop" and q["kind"] == "sp")
+        or (q["section"] in ("box_new_loop", "box_qwen3_32b") and q["kind"] == "sp")
     ]
     labels = [
         f"{q['config'].replace('spexis_', '').replace('sglang_', '').replace('new loop, ', '')}"
@@ -584,14 +615,24 @@ def plot(points: list, path: Path) -> None:
         for q in p
     ]
     errs = [100 * q["error"] for q in p]
-    cols = ["tab:green" if q["role"] == "validation" else "tab:gray" for q in p]
+    cols = [
+        (
+            "tab:gray"
+            if q["role"] != "validation"
+            else "tab:purple" if q["section"] == "box_qwen3_32b" else "tab:green"
+        )
+        for q in p
+    ]
     ax.bar(range(len(p)), errs, color=cols)
     ax.axhline(10, color="r", lw=0.8, ls="--")
     ax.axhline(-10, color="r", lw=0.8, ls="--")
     ax.set_xticks(range(len(p)))
     ax.set_xticklabels(labels, fontsize=5, rotation=90)
     ax.set_ylabel("error, %")
-    ax.set_title("Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop (grey: fit)")
+    ax.set_title(
+        "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop "
+        "(purple: Qwen3-32B; grey: fit or over the KV budget)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -613,6 +654,8 @@ def main(argv=None) -> int:
     np_, new_phases = box_new_loop(cal)
     points += np_
     means = box_new_loop_means(points)
+    q32, q32_phases = box_qwen3_32b(cal)
+    points += q32
     logger.info("graphs-on sections done (%.0f s)", time.time() - t0)
     ratios = gemm_ratio(cal)
     if not args.skip_graphs_off:
@@ -635,6 +678,8 @@ def main(argv=None) -> int:
     off = [
         p for p in points if p["section"] == "real_2xh200_graphs_off" and p["role"] == "validation"
     ]
+    q32_sp = [p for p in q32 if p["role"] == "validation" and p["kind"] == "sp"]
+    q32_pp = [p for p in q32 if p["role"] == "validation" and p["kind"] == "pp"]
     summary = {
         "graphs_on_validation_points": len(on),
         "graphs_on_max_abs_error": round(max(abs(p["error"]) for p in on), 4),
@@ -655,6 +700,14 @@ def main(argv=None) -> int:
         "new_loop_means_within_target": sum(abs(m["error"]) <= TARGET for m in means),
         "new_loop_means": len(means),
         "error_bar_basis_max_abs_error": round(max(bar_pts), 4),
+        # another model than the predictions': reported, not in the error bar
+        "qwen3_32b_sp2_points": len(q32_sp),
+        "qwen3_32b_sp2_within_target": sum(abs(p["error"]) <= TARGET for p in q32_sp),
+        "qwen3_32b_sp2_max_abs_error": round(max(abs(p["error"]) for p in q32_sp), 4),
+        "qwen3_32b_stock_pp2_points": len(q32_pp),
+        "qwen3_32b_stock_pp2_within_target": sum(abs(p["error"]) <= TARGET for p in q32_pp),
+        "qwen3_32b_stock_pp2_max_abs_error": round(max(abs(p["error"]) for p in q32_pp), 4),
+        "qwen3_32b_kv_bound_points": sum(p["role"] == "kv_bound" for p in q32),
     }
     if off:
         summary.update(
@@ -679,6 +732,7 @@ def main(argv=None) -> int:
         "measurements": {
             "box": M.BOX_2026_12_02,
             "box_new_loop": M.COMMITTED["box_new_loop"],
+            "box_qwen3_32b": M.COMMITTED["box_qwen3_32b"],
             "mps_probe": M.MPS_PROBE_2026_12_02,
             "h200_pp1": M.H200_PP1_GRAPHS_2026_12_01,
             "aic_cli_pp1": M.AIC_CLI_PP1,
@@ -689,6 +743,7 @@ def main(argv=None) -> int:
         "box_sp2_phases": phases,
         "box_new_loop_means": means,
         "box_new_loop_sp2_stage0": new_phases,
+        "box_qwen3_32b_sp2_stage0": q32_phases,
         "box_gemm_ratio": ratios,
         "aic_vs_sim": versus,
         "elapsed_s": round(time.time() - t0, 1),
