@@ -33,7 +33,7 @@ def generate(srv: Server, prompts: List[List[int]], new_tokens: int) -> List[Lis
         "input_ids": prompts,
         "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True},
     }
-    out = srv.post("/generate", body, timeout=600)
+    out = srv.generate(body, timeout=600)
     return [o["output_ids"] for o in out]
 
 
@@ -97,8 +97,8 @@ def main(argv: List[str] | None = None) -> int:
                 "spexis": state.get("spexis"),
             }
         except Exception as e:  # noqa: BLE001 - recorded
-            result["servers"][name] = {"error": repr(e), "log_tail": srv.tail(40)}
-            print(f"{name} failed: {e!r}\n{srv.tail(40)}", flush=True)
+            result["servers"][name] = {"error": repr(e), "log_tail": srv.log_tail(40)}
+            print(f"{name} failed: {e!r}\n{srv.log_tail(40)}", flush=True)
         finally:
             srv.stop()
     if len(outputs) == 2:
