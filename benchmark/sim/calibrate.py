@@ -72,6 +72,22 @@ def stock_host_points() -> dict:
     return {ph: sorted((r, statistics.mean(v)) for r, v in by.items()) for ph, by in acc.items()}
 
 
+def box_stock_host_points(path: str = M.COMMITTED["box_stock_phases"]) -> dict:
+    """Stage 0's stock-PP phases on the box (ms per loop iteration, i.e. per micro-batch) by
+    micro-batch rows: SGLang's cap puts a batch of B <= 128 in one micro-batch, balanced
+    micro-batches are B / 2 (``pp_max_micro_batch_size``); mean where runs share a size."""
+    d = json.loads((ROOT / path).read_text())
+    acc: dict = {}
+    for r in d["models"]["llama-3.1-8b"]["results"]:
+        if r["kind"] != "pp":
+            continue
+        for bt in r["batches"]:
+            rows = min(bt["batch"], int(bt["pp_max_micro_batch_size"]))
+            for ph, v in bt["stock_phase_ms_per_iteration"].items():
+                acc.setdefault(ph, {}).setdefault(rows, []).append(v)
+    return {ph: sorted((r, statistics.mean(v)) for r, v in by.items()) for ph, by in acc.items()}
+
+
 def host_graphs_serial() -> dict:
     box = M.BOX_2026_12_02["sp2_phase_ms"]
     sp = {}
@@ -79,22 +95,47 @@ def host_graphs_serial() -> dict:
         pts = [(b, box[b][ph] * MS) for b in sorted(box) if ph in box[b]]
         sp[ph] = HostPhase.table(pts)
     sp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
-    stock = stock_host_points()
+    tiny = stock_host_points()
+    on_box = box_stock_host_points()
+    # stock PP: its own loop's phases on the box, per micro-batch (a table by rows)
     pp = {
-        ph: HostPhase.table([(r, v * MS) for r, v in stock[ph]])
-        for ph in ("schedule", "launch", "send")
+        ph: HostPhase.table([(r, v * MS) for r, v in on_box[ph]])
+        for ph in ("schedule", "launch", "process", "send")
     }
-    # result processing grows with the rows; a line extrapolates to small micro-batches
-    pp["process"] = HostPhase.fit([(r, v * MS) for r, v in stock["process"]])
     pp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
-    tp = {ph: pp[ph] for ph in ("schedule", "launch", "process")}
+    # PP=1 (one GPU, no box run of it): the tiny model's loop, as validated on one H200
+    tp = {ph: HostPhase.table([(r, v * MS) for r, v in tiny[ph]]) for ph in ("schedule", "launch")}
+    # result processing grows with the rows; a line extrapolates to small micro-batches
+    tp["process"] = HostPhase.fit([(r, v * MS) for r, v in tiny["process"]])
     src = (
         "SP: stage 0's phase timers on the emulated two-GPU box (2026-12-02, 8B-shaped, "
-        "graphs on); stock PP and PP=1: stage 0's thread CPU per phase, tiny model, graphs on, "
+        "graphs on); stock PP: stage 0's phase timers of stock PP2 on the box built on an H100 "
+        f"({M.COMMITTED['box_stock_phases']}, 2026-12-05, 8B-shaped, graphs on; per micro-batch "
+        "by its rows); PP=1: stage 0's thread CPU per phase, tiny model, graphs on, "
         f"{', '.join(M.COMMITTED['loop_overhead'])}; receiving an output message "
         f"{RECV_OUTPUT_S / MS} ms (assumed)"
     )
     return HostCosts({"sp": sp, "pp": pp, "tp": tp}, source=src).to_json()
+
+
+def loopback_from_probe(path: str = M.COMMITTED["box_transport_probe"]) -> dict:
+    """The box's NCCL-over-loopback link: latency + bytes / bandwidth, least squares over the
+    probe's one-way times from 128 KB up (the sizes of decode proxies and outputs)."""
+    d = json.loads((ROOT / path).read_text())
+    pts = [(int(k), v) for k, v in d["one_way_s"]["nccl"].items() if int(k) >= 128 << 10]
+    b = np.array([p[0] for p in pts], dtype=float)
+    t = np.array([p[1] for p in pts])
+    slope, icpt = np.polyfit(b, t, 1)
+    small = min(v for k, v in d["one_way_s"]["nccl"].items() if int(k) <= 1024)
+    return {
+        "latency_s": float(max(icpt, small)),
+        "bandwidth_Bps": float(1.0 / slope),
+        "source": (
+            f"NCCL send/recv over loopback sockets between the box's two MPS clients, measured: "
+            f"{path} (one way, {len(pts)} sizes from 128 KB to 16 MB, a line; latency at least "
+            "the smallest message's)"
+        ),
+    }
 
 
 #: the run whose stage-0 phase timers set the overlapped loop's host costs; the other box
@@ -394,6 +435,17 @@ def main(argv=None) -> int:
             f"one factor (x{f:.3f}) fit on stock SGLang PP=1 at B=64 on one H200 with CUDA "
             "graphs (2026-12-01); per-stage timings (benchmark/gpu/stage_times.sh) replace it "
             "once measured"
+        )
+    if (
+        not cal["links"]["loopback_box"]["source"]
+        and (ROOT / M.COMMITTED["box_transport_probe"]).is_file()
+    ):
+        link = loopback_from_probe()
+        cal["links"]["loopback_box"].update(link)
+        logger.info(
+            "loopback link from the transport probe: %.0f us + %.2f GB/s",
+            link["latency_s"] * 1e6,
+            link["bandwidth_Bps"] / 1e9,
         )
     if not cal["links"]["loopback_box"]["source"]:
         bw = fit_loopback(cal)

@@ -123,6 +123,12 @@ COMMITTED = {
         "benchmark/results/gpu/box_decode_llama-3.1-8b.json",  # 2026-12-03, inputs 128, 2048
         "benchmark/results/gpu/box_decode_llama-3.1-8b_alphaauto.json",  # 2026-12-04
     ],
+    # stock PP2's loop by phase on the box (SPEXIS_PHASE_TIMERS=1, both stages), built on an
+    # H100 (2026-12-05; stock only): stock PP's host cost per phase by micro-batch rows
+    "box_stock_phases": "benchmark/results/gpu/box_stock_pp2_phases_llama-3.1-8b_h100.json",
+    # one message between the box's two ranks by size, NCCL over loopback sockets (H200 box,
+    # 2026-12-03): the loopback link's latency and bandwidth
+    "box_transport_probe": "benchmark/results/gpu/box_transport_probe.json",
     # the same box and loop, Qwen3-32B-shaped (32 layers per stage), --max-total-tokens
     # 100000 (B = 512 at 128 + 128 tokens exceeds it): a model no fit has seen
     "box_qwen3_32b": [

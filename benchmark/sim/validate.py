@@ -9,8 +9,8 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
 1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction when no
    per-stage timings were measured; with them, all three points validate).
 2. ``box``: the emulated two-GPU box with the old SP loop (2026-12-02; stage 0's host work
-   serial with its forward, ``graphs_serial``), stock PP2 (fit of the loopback bandwidth) and
-   SP2 (validation), plus SP2's stage-0 phase timers beside the simulated ones.
+   serial with its forward, ``graphs_serial``), stock PP2 (the fit of the loopback bandwidth
+   where the link was not measured) and SP2 (validation), plus SP2's stage-0 phase timers beside the simulated ones.
 2b. ``box_new_loop``: the same box with the overlapped SP loop (2026-12-03 / 04, three
    committed files): SP2 at alpha 0, Theta 0.76 and 0.6, inputs 128 (B = 16..512) and 2,048
    (B = 16..64), simulated with the overlapped loop (``LoopSpec.send_after_launch``, the
@@ -115,7 +115,13 @@ def box(cal) -> tuple[list, list]:
     box = M.BOX_2026_12_02
     acc = AcceptanceModel(box["theta"])
     pts, phases = [], []
-    for mode, key, role in (("pp", "stock_pp2_tok_s", "fit"), ("sp", "sp2_tok_s", "validation")):
+    # stock PP2 here set the loopback bandwidth until the link was measured (transport probe)
+    link_fit = "fit on stock PP2" in cal.raw["links"]["loopback_box"]["source"]
+    stock_role = "fit" if link_fit else "validation"
+    for mode, key, role in (
+        ("pp", "stock_pp2_tok_s", stock_role),
+        ("sp", "sp2_tok_s", "validation"),
+    ):
         for b, runs in box[key].items():
             thr, _, long_run = simulate_decode_benchmark(
                 Deployment(mode, 2), m, b, acc, input_len=box["input_len"]
