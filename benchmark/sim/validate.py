@@ -613,7 +613,11 @@ def plot(points: list, path: Path) -> None:
         q
         for q in points
         if q["section"] in ("h200_pp1", "box")
-        or (q["section"] in ("box_new_loop", "box_qwen3_32b") and q["kind"] == "sp")
+        or (
+            q["section"] in ("box_new_loop", "box_qwen3_32b")
+            and q["kind"] == "sp"
+            and q["role"] != "kv_bound"
+        )
     ]
     labels = [
         f"{q['config'].replace('spexis_', '').replace('sglang_', '').replace('new loop, ', '')}"
@@ -624,7 +628,7 @@ def plot(points: list, path: Path) -> None:
     cols = [
         (
             "tab:gray"
-            if q["role"] != "validation"
+            if q["role"] == "fit"
             else "tab:purple" if q["section"] == "box_qwen3_32b" else "tab:green"
         )
         for q in p
@@ -637,7 +641,7 @@ def plot(points: list, path: Path) -> None:
     ax.set_ylabel("error, %")
     ax.set_title(
         "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop "
-        "(purple: Qwen3-32B; grey: fit or over the KV budget)"
+        "(purple: Qwen3-32B; grey: fit)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
