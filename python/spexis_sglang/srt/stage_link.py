@@ -169,14 +169,16 @@ class SameGpuLink:
         """Return once message ``seq - slots`` (the slot's previous one) has been taken: its
         ``free`` is recorded, so the device wait on it orders this copy after that one."""
         need = seq - self.slots + 1  # messages the receiver must have taken
+        waited = False
         while self._acked < need:
             try:
                 self._acked = max(self._acked, int(self._acks_in.recv(zmq.NOBLOCK)))
                 continue
             except zmq.Again:
                 pass
-            self.send_waits += 1
+            waited = True
             self._acked = max(self._acked, int(self._acks_in.recv()))
+        self.send_waits += waited
 
     def _send_layout(self, message) -> None:
         self._layouts_out.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
