@@ -27,8 +27,11 @@ from spexis_sglang.srt.config import ENV_TEST_SERVER_ARGS
 # processes bind ephemeral ports of their own (NCCL / gloo, port 0), and a port picked there can
 # be taken by the time uvicorn binds it (seen in CI: Errno 98, then a 600 s wait).
 PORT_RANGE = (20000, 32000)
-# uvicorn's message when the port was taken after all; the server then restarts on another
-_BIND_FAILED = "error while attempting to bind on address"
+# a port taken during start-up: uvicorn's HTTP port, or the torch.distributed rendezvous port
+# SGLang picks itself (``nccl_port``: an ephemeral port found free, closed, and bound again
+# later, which a process starting beside it can take meanwhile; seen in CI). The server then
+# restarts on another HTTP port, and SGLang picks its rendezvous port anew.
+_BIND_FAILED = ("error while attempting to bind on address", "EADDRINUSE")
 # SGLang logs this once its own warm-up request has been answered (server status Up)
 _READY_LINE = "The server is fired up and ready to roll!"
 # seconds between readiness checks (each reads the log; a check that finds the server up costs
@@ -214,7 +217,7 @@ class ServerProcess:
         next_health = time.time()
         while time.time() < deadline:
             log = self._log_text()
-            if _BIND_FAILED in log:
+            if any(m in log for m in _BIND_FAILED):
                 self.stop()
                 if bind_retries <= 0 or self._fixed_port is not None:
                     raise ServerDied(

@@ -12,10 +12,22 @@ FAKE_SERVER = """
 import os, sys, time
 with open(os.environ["LAUNCHES"], "a") as f:
     f.write(sys.argv[sys.argv.index("--port") + 1] + "\\n")
-print("ERROR:    [Errno 98] error while attempting to bind on address "
-      "('127.0.0.1', 1): address already in use", flush=True)
+print(os.environ["BIND_ERROR"], flush=True)
+if os.environ.get("EXIT"):
+    sys.exit(1)
 time.sleep(60)
 """
+# uvicorn's message (the process lives on), and the torch.distributed rendezvous's when the
+# port SGLang picked for it was taken meanwhile (the scheduler dies, then the server)
+UVICORN_BIND = (
+    "ERROR:    [Errno 98] error while attempting to bind on address "
+    "('127.0.0.1', 1): address already in use"
+)
+RENDEZVOUS_BIND = (
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+    "network address. port: 42325, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+    "address already in use"
+)
 
 
 def test_ports_are_picked_below_the_ephemeral_range():
@@ -24,14 +36,20 @@ def test_ports_are_picked_below_the_ephemeral_range():
     assert len(ports) > 1
 
 
-def test_a_port_taken_during_start_up_restarts_the_server_on_another(tmp_path):
-    """uvicorn reports the taken port but the process lives on: it must not cost the whole
-    start-up timeout, and a fresh port is tried (twice) before giving up."""
+@pytest.mark.parametrize(
+    "message, exits", [(UVICORN_BIND, False), (RENDEZVOUS_BIND, True)], ids=["http", "rendezvous"]
+)
+def test_a_port_taken_during_start_up_restarts_the_server_on_another(tmp_path, message, exits):
+    """A taken port must not cost the whole start-up timeout (uvicorn reports it and lives on)
+    nor fail the test (the rendezvous's kills the server): a fresh port is tried (twice)
+    before giving up."""
     (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
     launches = tmp_path / "launches"
     env = {
         "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "LAUNCHES": str(launches),
+        "BIND_ERROR": message,
+        "EXIT": "1" if exits else "",
     }
     server = ServerProcess([], env=env, module="fake_server")
     with pytest.raises(ServerDied, match="was taken during start-up"):
