@@ -10,13 +10,15 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
    per-stage timings were measured; with them, all three points validate).
 2. ``box``: the emulated two-GPU box with the old SP loop (2026-12-02; stage 0's host work
    serial with its forward, ``graphs_serial``), stock PP2 (the fit of the loopback bandwidth
-   where the link was not measured) and SP2 (validation), plus SP2's stage-0 phase timers beside the simulated ones.
+   where the link was not measured) and SP2 (validation), plus SP2's stage-0 phase timers
+   beside the simulated ones.
 2b. ``box_new_loop``: the same box with the overlapped SP loop (2026-12-03 / 04, three
    committed files): SP2 at alpha 0, Theta 0.76 and 0.6, inputs 128 (B = 16..512) and 2,048
    (B = 16..64), simulated with the overlapped loop (``LoopSpec.send_after_launch``, the
    verdicts taken on the device, host costs ``graphs_overlap``); stock PP2 from the same
    calls (SGLang's micro-batch cap and balanced micro-batches, async depth 0 and 1).
-   Validation but SP2 in the file its host costs are fit on; stage 0's iteration and GPU time beside the simulated ones.
+   Validation but SP2 in the file its host costs are fit on; stage 0's iteration and GPU
+   time beside the simulated ones.
 2c. ``box_qwen3_32b``: the same box and loop with the Qwen3-32B shape (2026-12-04), a model
    nothing was fit on; points whose requests exceed the run's KV budget (B = 512) are marked
    ``kv_bound`` (SGLang runs fewer at once and retracts some; the simulator does not).
@@ -183,6 +185,14 @@ def _kv_bound(d: dict, batch: int, input_len: int) -> bool:
     return bool(budget) and batch * (input_len + d["output_len"]) > budget
 
 
+def _box_role(d: dict, f: str, batch: int, input_len: int, sp: bool) -> str:
+    """``kv_bound`` over the run's KV budget, else ``fit`` for SP2 in the file the overlapped
+    loop's host costs come from, else ``validation``."""
+    if _kv_bound(d, batch, input_len):
+        return "kv_bound"
+    return "fit" if sp and f == OVERLAP_FIT_FILE else "validation"
+
+
 def box_new_loop(cal) -> tuple[list, list]:
     """The box with the overlapped SP loop, Llama-3.1-8B shape: every SP2 alpha-0 and stock
     PP2 point (validation but SP2 in the file its host costs were fit on)."""
@@ -250,10 +260,7 @@ def _box_runs(cal, section: str, files: list, model: str, config_dir: Path) -> t
                     key = ("pp", None, b, il, cap, depth)
                     label = f"sglang_pp2 (micro-batch cap {cap}" + (", depth 1)" if depth else ")")
                 thr, _, lr = sim(key)
-                # the overlapped loop's host costs come from this file's SP timers
-                role = "fit" if kind == "sp" and f == OVERLAP_FIT_FILE else "validation"
-                if _kv_bound(d, b, il):
-                    role = "kv_bound"
+                role = _box_role(d, f, b, il, sp=kind == "sp")
                 pts.append(
                     _point(
                         section,
@@ -305,11 +312,7 @@ def _box_runs(cal, section: str, files: list, model: str, config_dir: Path) -> t
                     },
                     "gpu_error": round(st.stage_gpu_ms[0] / c["stage0_gpu_ms"] - 1, 4),
                     "iteration_error": round(st.iteration_s * 1e3 / c["stage0_iter_ms"] - 1, 4),
-                    "role": (
-                        "kv_bound"
-                        if _kv_bound(d, c["batch"], c["input_len"])
-                        else "fit" if f == OVERLAP_FIT_FILE else "validation"
-                    ),
+                    "role": _box_role(d, f, c["batch"], c["input_len"], sp=True),
                 }
             )
     return pts, phases

@@ -51,6 +51,22 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _bound_pull(name: str) -> Tuple[zmq.Socket, str]:
+    """A PULL socket bound to a fresh abstract ipc address (``name``, this pid, a uuid)."""
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    address = f"ipc://@{name}-{os.getpid()}-{uuid.uuid4().hex}"
+    sock.bind(address)
+    return sock, address
+
+
+def _connected_push(address: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return sock
+
+
 class SameGpuLink:
     """The IPC link of one PP rank: its inbox, and the next rank's inbox opened for sending.
 
@@ -75,17 +91,10 @@ class SameGpuLink:
         self.out_free: List[Any] = []
         self._send_seq = 0
         self._recv_seq = 0
-        context = zmq.Context.instance()
-        self._layouts_in = context.socket(zmq.PULL)
-        self._layouts_in.setsockopt(zmq.LINGER, 0)
-        self.address = f"ipc://@spexis-stage-link-{os.getpid()}-{uuid.uuid4().hex}"
-        self._layouts_in.bind(self.address)
+        self._layouts_in, self.address = _bound_pull("spexis-stage-link")
         self._layouts_out: Optional[zmq.Socket] = None
         # the receiver's count of messages taken from the outbox (ipc ones), pushed back here
-        self._acks_in = context.socket(zmq.PULL)
-        self._acks_in.setsockopt(zmq.LINGER, 0)
-        self.ack_address = f"ipc://@spexis-stage-link-acks-{os.getpid()}-{uuid.uuid4().hex}"
-        self._acks_in.bind(self.ack_address)
+        self._acks_in, self.ack_address = _bound_pull("spexis-stage-link-acks")
         self._acks_out: Optional[zmq.Socket] = None
         self._acked = 0
         self.sent_ipc = self.sent_nccl = 0
@@ -115,18 +124,14 @@ class SameGpuLink:
         prev_ack_address = group.recv_object(src=link.prev_rank)
         for w in works:
             w.work.wait()
-        link._acks_out = zmq.Context.instance().socket(zmq.PUSH)
-        link._acks_out.setsockopt(zmq.LINGER, 0)
-        link._acks_out.connect(prev_ack_address)
+        link._acks_out = _connected_push(prev_ack_address)
         rebuild, args = theirs["inbox"]
         link.outbox = rebuild(*args)
         device = torch.cuda.current_device()
         link.out_ready = [torch.cuda.Event.from_ipc_handle(device, h) for h in theirs["ready"]]
         link.out_free = [torch.cuda.Event.from_ipc_handle(device, h) for h in theirs["free"]]
         link.out_slot_bytes = int(theirs["slot_bytes"])
-        link._layouts_out = zmq.Context.instance().socket(zmq.PUSH)
-        link._layouts_out.setsockopt(zmq.LINGER, 0)
-        link._layouts_out.connect(theirs["address"])
+        link._layouts_out = _connected_push(theirs["address"])
         logger.info(
             "Spexis same-GPU PP link: %d slots of %.1f MiB per rank (CUDA IPC)",
             link.slots,
@@ -172,12 +177,11 @@ class SameGpuLink:
         waited = False
         while self._acked < need:
             try:
-                self._acked = max(self._acked, int(self._acks_in.recv(zmq.NOBLOCK)))
-                continue
+                ack = self._acks_in.recv(zmq.NOBLOCK)
             except zmq.Again:
-                pass
-            waited = True
-            self._acked = max(self._acked, int(self._acks_in.recv()))
+                waited = True
+                ack = self._acks_in.recv()
+            self._acked = max(self._acked, int(ack))
         self.send_waits += waited
 
     def _send_layout(self, message) -> None:
