@@ -331,14 +331,21 @@ def phase_ms_per_iteration(
     d_short: Dict[str, float], d_long: Dict[str, float]
 ) -> Optional[Dict[str, float]]:
     """A loop's wall ms per iteration by phase over the long run less the short one (what
-    the extra decode steps cost), from two runs' counter deltas (``stat_deltas``)."""
-    iters = d_long.get("iterations", 0) - d_short.get("iterations", 0)
+    the extra decode steps cost), from two runs' counter deltas (``stat_deltas``).
+
+    Over decode-only iterations where the server counts them (``decode_time_*``): a phase's
+    total over all iterations also holds each run's prefill, which can land in another phase
+    from one run to the next, so its difference could even come out negative."""
+    prefix, count = "decode_time_", "decode_timed_iterations"
+    if d_long.get(count, 0) - d_short.get(count, 0) <= 0:
+        prefix, count = "time_", "iterations"  # a server without decode-only totals
+    iters = d_long.get(count, 0) - d_short.get(count, 0)
     if iters <= 0:
         return None
     return {
-        k[len("time_") : -len("_s")]: round(1e3 * (d_long[k] - d_short[k]) / iters, 4)
+        k[len(prefix) : -len("_s")]: round(1e3 * (d_long[k] - d_short[k]) / iters, 4)
         for k in d_long
-        if k.startswith("time_") and k in d_short
+        if k.startswith(prefix) and k in d_short
     }
 
 

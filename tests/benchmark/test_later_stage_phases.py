@@ -80,3 +80,21 @@ def test_points_get_their_later_stages_and_lose_the_spans(log_file):
     decode_throughput.attach_later_stages(results, log_file)
     assert "snapshots" not in rec
     assert rec["later_stages"]["pp rank 1"]["iterations"] == 40
+
+
+def test_phases_per_iteration_come_from_decode_only_iterations_where_counted():
+    # the short run's prefill landed in "launch", the long run's in "process": over all
+    # iterations launch's difference comes out negative; over decode-only ones it does not
+    short = {"iterations": 20, "time_launch_s": 0.050, "time_process_s": 0.010}
+    long = {"iterations": 120, "time_launch_s": 0.040, "time_process_s": 0.150}
+    assert decode_throughput.phase_ms_per_iteration(short, long)["launch"] < 0
+    short.update(
+        decode_timed_iterations=18, decode_time_launch_s=0.018, decode_time_process_s=0.009
+    )
+    long.update(
+        decode_timed_iterations=118, decode_time_launch_s=0.118, decode_time_process_s=0.059
+    )
+    assert decode_throughput.phase_ms_per_iteration(short, long) == {"launch": 1.0, "process": 0.5}
+    # a server that counts no decode-only iterations: every iteration, as before
+    none = dict(short, decode_timed_iterations=0), dict(long, decode_timed_iterations=0)
+    assert decode_throughput.phase_ms_per_iteration(*none)["process"] == 1.4

@@ -49,9 +49,27 @@ def test_marks_split_an_iteration_and_cpu_time_leaves_out_waits():
     assert sum(d[k] for k in phases) <= d["cpu_busy_s"] + 1e-6
     assert sum(d[f"time_{p}_s"] for p in SP_PHASES) <= d["time_busy_s"] + 1e-6
     assert timer.iterations == 1
-    assert set(d) == {"time_busy_s", "cpu_busy_s"} | {
-        f"{kind}_{p}_s" for kind in ("time", "cpu") for p in SP_PHASES
-    }
+    assert set(d) == {"time_busy_s", "cpu_busy_s", "decode_time_busy_s"} | {
+        f"{kind}_{p}_s" for kind in ("time", "cpu", "decode_time") for p in SP_PHASES
+    } | {"decode_timed_iterations"}
+    assert d["decode_timed_iterations"] == 0 and d["decode_time_busy_s"] == 0.0
+
+
+def test_decode_only_iterations_also_go_to_the_decode_totals():
+    timer = PhaseTimer(SP_PHASES)
+    for decode_only, ms in ((False, 30), (True, 10), (True, 10)):
+        timer.start()
+        burn(ms * MS)
+        timer.mark("launch")
+        timer.commit(decode_only=decode_only)
+    d = timer.as_dict()
+    assert timer.iterations == 3 and d["decode_timed_iterations"] == 2
+    # wall times: at least the CPU burnt (a busy machine only adds), the first iteration's
+    # 30 ms left out of the decode totals
+    assert d["decode_time_launch_s"] >= 0.99 * 20 * MS
+    assert d["time_launch_s"] - d["decode_time_launch_s"] >= 0.99 * 30 * MS
+    assert d["decode_time_busy_s"] >= d["decode_time_launch_s"]
+    assert d["time_busy_s"] - d["decode_time_busy_s"] >= 0.99 * 30 * MS
 
 
 def test_a_phase_span_is_taken_out_of_the_enclosing_mark_and_nested_spans_stay_outer():
@@ -168,12 +186,29 @@ def test_stock_pp_timers_wrap_the_loops_calls_and_count_busy_steps_and_decode_ro
     d = timers.as_dict()
     assert d["iterations"] == 4  # the idle step is not counted
     assert d["decode_iterations"] == 3 and d["decode_rows"] == 12
+    assert d["decode_timed_iterations"] == 3  # the prefill's step is not decode-only
+    assert d["decode_time_launch_s"] >= 0.99 * 3 * 4 * MS  # wall: at least the CPU burnt
+    assert d["time_launch_s"] - d["decode_time_launch_s"] >= 0.99 * 4 * MS  # the prefill's
     assert d["cpu_schedule_s"] == pytest.approx(4 * 4 * MS, abs=4 * IDLE_CPU)
     assert d["cpu_launch_s"] == pytest.approx(4 * 4 * MS, abs=4 * IDLE_CPU)
     assert d["cpu_process_s"] == pytest.approx(4 * 3 * MS, abs=4 * IDLE_CPU)
     assert d["cpu_wait_output_s"] < 4 * IDLE_CPU
     assert d["time_wait_output_s"] >= 4 * 0.01
     assert d["cpu_busy_s"] >= d["cpu_schedule_s"] + d["cpu_launch_s"] + d["cpu_process_s"]
+
+
+def test_a_stock_step_that_processes_a_prefill_is_not_decode_only():
+    s = FakeStockScheduler()
+    timers = StockPPPhaseTimers(s)
+    prefill, decode = _batch(5, decode=False), _batch(4)
+    reqs = s.request_receiver.recv_requests()
+    s.process_input_requests(reqs)
+    s._pp_launch_batch(0, decode, None, None, None)
+    s._pp_process_batch_result(prefill, "result")  # an older micro-batch's prefill comes back
+    _step(s, decode)
+    _step(s, None)
+    d = timers.as_dict()
+    assert d["iterations"] == 2 and d["decode_timed_iterations"] == 1
 
 
 def test_the_wrapped_methods_are_the_ones_sglangs_event_loop_pp_calls():
@@ -202,6 +237,7 @@ def test_stat_deltas_count_every_counter_and_no_gauge():
     delta = stat_deltas(before, spexis_state(stats, phases))
     assert set(STAT_GAUGES) == {"alpha", "new_token_ratio"} and not set(STAT_GAUGES) & set(delta)
     ints = {k: v for k, v in delta.items() if not k.endswith("_s")}
+    assert ints.pop("decode_timed_iterations") == 0  # the iteration was not marked decode-only
     assert ints == {k: 2 for k in stats.__dataclass_fields__ if k not in STAT_GAUGES}
     assert delta["cpu_busy_s"] >= 0 and "time_schedule_s" in delta
     # derived ratios are not counters

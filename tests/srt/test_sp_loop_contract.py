@@ -567,6 +567,9 @@ def check_contract(run: Run, exact_rows: bool = True) -> None:
     assert st.retractions == sched.retracted
     d = sp.stats.as_dict()
     assert d["tokens_committed"] == st.tokens_committed and d["rows_redone"] == st.rows_redone
+    # the loop's decode-only phase totals leave out every iteration that launched a prefill
+    prefills = log.batches - log.decode_batches
+    assert prefills > 0 and 0 < sp.phases.decode_iterations <= sp.phases.iterations - prefills
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -47,6 +47,10 @@ NEEDS_IDLE = tuple(
 )
 
 
+def _decode_or_none(batch: Optional[ScheduleBatch]) -> bool:
+    return batch is None or batch.forward_mode.is_decode()
+
+
 class SPLoopMixin:
     """The SP event loop and the request relay between stages. (A mixin of
     :class:`~.sp_scheduler.SpexisScheduler`.)"""
@@ -110,7 +114,7 @@ class SPLoopMixin:
         self.sp_release_drained()
         sp.iteration += 1
         if cur_batch is not None or transit is not None:
-            timer.commit()
+            timer.commit(decode_only=_decode_or_none(cur_batch) and _decode_or_none(transit))
         else:
             timer.discard()  # idle
         return bool(cur_batch)

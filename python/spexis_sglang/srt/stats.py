@@ -67,6 +67,11 @@ class PhaseTimer:
         self.wall_busy = 0.0
         self.cpu_busy = 0.0
         self.iterations = 0
+        # the same wall totals over decode-only iterations (no prefill launched or processed):
+        # a benchmark's per-iteration phases, free of where each run's prefill time landed
+        self.decode_wall: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
+        self.decode_wall_busy = 0.0
+        self.decode_iterations = 0
         self.started = False
         self._spans = {name: _Span(self, name) for name in self.phases}
         self._pending_wall: Dict[str, float] = dict.fromkeys(self.phases, 0.0)
@@ -116,16 +121,24 @@ class PhaseTimer:
         self._nested_wall += wall
         self._nested_cpu += cpu
 
-    def commit(self) -> None:
-        """A busy iteration: its phases and its whole time since ``start`` join the totals."""
+    def commit(self, decode_only: bool = False) -> None:
+        """A busy iteration: its phases and its whole time since ``start`` join the totals
+        (``decode_only``: it launched and processed decode batches only; the decode totals
+        get it too)."""
         if not self.started:
             return
-        self.wall_busy += time.perf_counter() - self._start_wall
+        wall = time.perf_counter() - self._start_wall
+        self.wall_busy += wall
         self.cpu_busy += time.thread_time() - self._start_cpu
         for name in self.phases:
             self.wall[name] += self._pending_wall[name]
             self.cpu[name] += self._pending_cpu[name]
         self.iterations += 1
+        if decode_only:
+            self.decode_wall_busy += wall
+            for name in self.phases:
+                self.decode_wall[name] += self._pending_wall[name]
+            self.decode_iterations += 1
         self._clear_pending()
         self.started = False
 
@@ -142,11 +155,16 @@ class PhaseTimer:
 
     # -- export ---------------------------------------------------------------------------
     def as_dict(self) -> Dict[str, float]:
-        """``time_busy_s``, ``time_<phase>_s`` (wall), ``cpu_busy_s``, ``cpu_<phase>_s``."""
+        """``time_busy_s``, ``time_<phase>_s`` (wall), ``cpu_busy_s``, ``cpu_<phase>_s``; over
+        decode-only iterations ``decode_time_busy_s``, ``decode_time_<phase>_s`` (wall) and
+        their count ``decode_timed_iterations``."""
         d: Dict[str, float] = {"time_busy_s": self.wall_busy}
         d.update({f"time_{name}_s": self.wall[name] for name in self.phases})
         d["cpu_busy_s"] = self.cpu_busy
         d.update({f"cpu_{name}_s": self.cpu[name] for name in self.phases})
+        d["decode_timed_iterations"] = self.decode_iterations
+        d["decode_time_busy_s"] = self.decode_wall_busy
+        d.update({f"decode_time_{name}_s": self.decode_wall[name] for name in self.phases})
         return d
 
 
@@ -178,8 +196,9 @@ class StockPPPhaseTimers:
 
     An iteration of the loop's inner ``for`` (one micro-batch step) begins when it polls for
     requests (``request_receiver.recv_requests``, timed as "schedule"); it counts when it
-    launched a batch or processed one's result. Also counted: decode batches launched and their
-    rows (stage 0 of PP=N runs B/N rows per step when B requests decode).
+    launched a batch or processed one's result, and goes to the decode-only totals too when
+    every batch it launched or processed was a decode batch. Also counted: decode batches
+    launched and their rows (stage 0 of PP=N runs B/N rows per step when B requests decode).
     """
 
     def __init__(self, scheduler: Any):
@@ -187,6 +206,7 @@ class StockPPPhaseTimers:
         self.decode_iterations = 0
         self.decode_rows = 0
         self._busy = False
+        self._decode_only = True  # nothing but decode batches launched or processed so far
         for phase, names in STOCK_PP_PHASE_METHODS.items():
             for name in names:
                 setattr(scheduler, name, self._wrap(getattr(scheduler, name), phase))
@@ -210,8 +230,13 @@ class StockPPPhaseTimers:
                 if batch.forward_mode.is_decode():
                     self.decode_iterations += 1
                     self.decode_rows += batch.batch_size()
+                else:
+                    self._decode_only = False
             elif process:
+                batch = args[0] if args else kwargs["batch"]
                 self._busy = True
+                if not batch.forward_mode.is_decode():
+                    self._decode_only = False
             with span:
                 return fn(*args, **kwargs)
 
@@ -223,10 +248,11 @@ class StockPPPhaseTimers:
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             if self._busy:
-                self.timer.commit()
+                self.timer.commit(decode_only=self._decode_only)
             else:
                 self.timer.discard()
             self._busy = False
+            self._decode_only = True
             self.timer.start()
             with span:
                 return fn(*args, **kwargs)
