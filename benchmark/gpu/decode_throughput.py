@@ -251,6 +251,7 @@ class Server(ServerProcess):
 #: the alpha controller's state recorded after an ``auto`` run (``/server_info``)
 ALPHA_CONTROLLER_KEYS = (
     "latency",
+    "latency_by_rows",
     "batch",
     "profile",
     "last_choice",

@@ -396,3 +396,25 @@ def test_bad_arguments() -> None:
         OnlineAlpha(N, model="other")
     with pytest.raises(ValueError):
         OnlineAlpha(N, alphas=(0.1, 1.5))
+
+
+def test_latency_by_rows_shows_what_the_fit_was_made_from() -> None:
+    """Samples kept by rows (log2 buckets, decayed as the fit's): a reader sees the clusters
+    a fit extrapolates from (at alpha 0, full batches and the probes' B/N rows)."""
+    oa = OnlineAlpha(2, explore=0)
+    for i in range(60):
+        oa.next_iteration(256)
+        if i % 10 == 9:  # a probe's sample: B/N rows
+            oa.record_iteration(118, 0.024)
+        else:
+            oa.record_iteration(236 + i % 3, 0.038)
+    (probe_rows, probe_s, probe_w), (full_rows, full_s, full_w) = oa.latency_by_rows()
+    assert probe_rows == pytest.approx(118) and probe_s == pytest.approx(0.024)
+    assert full_rows == pytest.approx(237, abs=1) and full_s == pytest.approx(0.038)
+    assert probe_w + full_w == pytest.approx(oa.samples) and full_w > 5 * probe_w
+    assert oa.as_dict()["latency_by_rows"] == oa.latency_by_rows()
+    # decayed with the fit's samples: a bucket no sample reached for long drops out
+    for _ in range(20 * int(oa.half_life)):
+        oa.next_iteration(256)
+        oa.record_iteration(236, 0.038)
+    assert [round(r) for r, _, _ in oa.latency_by_rows()] == [236]

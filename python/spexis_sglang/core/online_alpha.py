@@ -155,6 +155,8 @@ AUTO_ALPHA_INITIAL = 0.15
 FIXED_ALPHA_OBSERVE_EVERY = 8
 #: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
 HALF_LIFE_INTERVALS = 4
+#: log2 buckets of rows for :meth:`OnlineAlpha.latency_by_rows` (the last: 2048 rows and more)
+LATENCY_ROW_BUCKETS = 12
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -352,6 +354,9 @@ class OnlineAlpha:
         self._accepted = np.zeros(self.bins)
         self._lat = np.zeros(5)  # W, Sx, Sy, Sxx, Sxy
         self._lat_waited = np.zeros(3)  # W, Sx, Sy of the samples that waited
+        # W, Sx, Sy of the samples by rows, log2 buckets: what the fit was made from, for a
+        # reader of as_dict (a fit from one cluster of rows extrapolates to the others)
+        self._lat_by_rows = np.zeros((LATENCY_ROW_BUCKETS, 3))
         self._wait: float | None = None  # the last identified wait
         self._batch = np.zeros(2)  # W, S(running)
         self._fit: LatencyFit | None = None  # the last identified fit
@@ -370,6 +375,7 @@ class OnlineAlpha:
         self._accepted *= d
         self._lat *= d
         self._lat_waited *= d
+        self._lat_by_rows *= d
         self._batch *= d
         self._batch += (1.0, float(running))
         if self.iteration % self.interval == 0:
@@ -471,6 +477,8 @@ class OnlineAlpha:
             y = min(y, self.clip * max(bound, 1e-12))
         w = float(weight)
         self._lat += (w, w * x, w * y, w * x * x, w * x * y)
+        bucket = min(int(math.log2(max(x, 1.0))), LATENCY_ROW_BUCKETS - 1)
+        self._lat_by_rows[bucket] += (w, w * x, w * y)
         if waited:
             self._lat_waited += (w, w * x, w * y)
 
@@ -490,6 +498,15 @@ class OnlineAlpha:
     def samples(self) -> float:
         """Decayed number of latency samples."""
         return float(self._lat[0])
+
+    def latency_by_rows(self, min_weight: float = 0.01) -> list[list[float]]:
+        """The latency samples by rows (log2 buckets): ``[mean rows, mean seconds, decayed
+        weight]`` per bucket that holds any, fewest rows first."""
+        return [
+            [float(sx / w), float(sy / w), float(w)]
+            for w, sx, sy in self._lat_by_rows
+            if w >= min_weight
+        ]
 
     def acceptance_by_bin(self) -> np.ndarray:
         """Raw decayed acceptance per bin (NaN where nothing was verified)."""
@@ -645,6 +662,7 @@ class OnlineAlpha:
                     "wait_identified": lat.wait_identified,
                 }
             ),
+            "latency_by_rows": self.latency_by_rows(),
             "last_choice": None if last is None else last.__dict__.copy(),
             "history": [list(h) for h in self.history],
         }
