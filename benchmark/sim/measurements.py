@@ -133,5 +133,15 @@ COMMITTED = {
     # 100000 (B = 512 at 128 + 128 tokens exceeds it): a model no fit has seen
     "box_qwen3_32b": [
         "benchmark/results/gpu/box_decode_qwen3-32b.json",  # 2026-12-04
+        # 2026-12-05: stock PP2 at inputs 128 and 2,048 (its SP ran alpha auto: not compared)
+        "benchmark/results/gpu/box_decode_qwen3-32b_alphaauto.json",
+    ],
+    # the same box, the stages linked by the same-GPU CUDA IPC link (SPEXIS_PP_TRANSPORT=ipc)
+    # for stock PP and SP alike, Llama-3.1-8B-shaped, 2026-12-05: its probe (NCCL, IPC and
+    # gloo by message size) and two decode runs (stock PP2 four ways, SP2 at alpha 0)
+    "box_transport_probe_with_ipc": "benchmark/results/gpu/box_transport_probe_with_ipc.json",
+    "box_ipc": [
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto.json",
     ],
 }

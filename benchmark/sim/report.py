@@ -83,17 +83,30 @@ def validation_tables(v: dict) -> str:
             f"configuration's mean over its runs {s['new_loop_means_within_target']} of "
             f"{s['new_loop_means']}. H200 error bar: +-{100 * s['h200_error_bar']:.0f} %."
         )
+    for name, what in (
+        ("qwen3_32b", "The Qwen3-32B shape on the box (no fit saw it)"),
+        ("ipc", "The box with the same-GPU CUDA IPC link (no fit saw it but the link's probe)"),
+    ):
+        if f"{name}_sp2_points" in s:
+            out.append(
+                f"\n{what}: SP2 {s[f'{name}_sp2_within_target']} of {s[f'{name}_sp2_points']} "
+                f"validation points within {100 * s['target']:.0f} % (largest |error| "
+                f"{100 * s[f'{name}_sp2_max_abs_error']:.1f} %), stock PP2 "
+                f"{s[f'{name}_stock_pp2_within_target']} of {s[f'{name}_stock_pp2_points']} "
+                f"(largest {100 * s[f'{name}_stock_pp2_max_abs_error']:.1f} %)."
+            )
     out += [
         "",
-        "| section | configuration | B | measured tok/s | simulated tok/s | error | role |",
-        "|---|---|---|---|---|---|---|",
+        "| section | configuration | input | B | measured tok/s | simulated tok/s | error | role |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in v["points"]:
         if p["section"] in ("real_2xh200_graphs_off", "box_new_loop"):
             continue
         out.append(
-            f"| {p['section']} | {p['config']} | {p['batch']} | {p['measured_tok_s']:.0f} | "
-            f"{p['simulated_tok_s']:.0f} | {_pct(p['error'])} | {p['role']} |"
+            f"| {p['section']} | {p['config']} | {p.get('input_len', '')} | {p['batch']} | "
+            f"{p['measured_tok_s']:.0f} | {p['simulated_tok_s']:.0f} | {_pct(p['error'])} | "
+            f"{p['role']} |"
         )
     new = [p for p in v["points"] if p["section"] == "box_new_loop"]
     if new:

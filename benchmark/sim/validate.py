@@ -19,9 +19,13 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
    calls (SGLang's micro-batch cap and balanced micro-batches, async depth 0 and 1).
    Validation but SP2 in the file its host costs are fit on; stage 0's iteration and GPU
    time beside the simulated ones.
-2c. ``box_qwen3_32b``: the same box and loop with the Qwen3-32B shape (2026-12-04), a model
-   nothing was fit on; points whose requests exceed the run's KV budget (B = 512) are marked
-   ``kv_bound`` (SGLang runs fewer at once and retracts some; the simulator does not).
+2c. ``box_qwen3_32b``: the same box and loop with the Qwen3-32B shape (2026-12-04 and, stock
+   PP2 only, 2026-12-05), a model nothing was fit on; points whose requests exceed the run's
+   KV budget (B = 512) are marked ``kv_bound`` (SGLang runs fewer at once and retracts some;
+   the simulator does not).
+2d. ``box_ipc``: the same box, the stages linked through the same-GPU CUDA IPC link instead of
+   NCCL over sockets (2026-12-05; stock PP2 four ways and SP2 at alpha 0, inputs 128 and
+   2,048), simulated with that link as its probe measured it; every point validation.
 3. ``box_gemm_ratio``: the GEMM-only ideal SP2/PP2 ratio on the box beside the same ratio from
    AIConfigurator's GEMM tables under the MPS sharing model.
 4. ``real_2xh200_graphs_off``: the committed real 2 x H200 runs 3 (Qwen3-8B) and 4
@@ -68,6 +72,8 @@ LLAMA = ROOT / "benchmark/gpu/configs/llama-3.1-8b"
 QWEN = ROOT / "benchmark/gpu/configs/qwen3-8b"
 QWEN32 = ROOT / "benchmark/gpu/configs/qwen3-32b"
 TARGET = 0.10
+#: how a section's points name their run (``config``)
+SECTION_LABEL = {"box_new_loop": "new loop", "box_ipc": "IPC link"}
 
 
 def _point(section, config, batch, measured, simulated, role, **extra) -> dict:
@@ -206,14 +212,24 @@ def box_qwen3_32b(cal) -> tuple[list, list]:
     return _box_runs(cal, "box_qwen3_32b", M.COMMITTED["box_qwen3_32b"], "qwen3-32b", QWEN32)
 
 
-def _box_runs(cal, section: str, files: list, model: str, config_dir: Path) -> tuple[list, list]:
+def box_ipc(cal) -> tuple[list, list]:
+    """The box with its stages linked through CUDA IPC (stock PP and SP alike), Llama-3.1-8B
+    shape: a link no part of the calibration was fit on but its probe; every point
+    validation."""
+    return _box_runs(cal, "box_ipc", M.COMMITTED["box_ipc"], "llama-3.1-8b", LLAMA, link="ipc_box")
+
+
+def _box_runs(
+    cal, section: str, files: list, model: str, config_dir: Path, link: str = "loopback_box"
+) -> tuple[list, list]:
     """SP2 alpha-0 and stock PP2 points of the box runs in ``files`` beside the simulator.
 
     SP2 runs the overlapped loop (``LOOPS['overlap']``, host ``graphs_overlap``); stock PP2
     runs SGLang's loop (``graphs_serial``), at the point's micro-batch cap (SGLang's
     max_running / 2, or balanced B / 2: ``max_running`` = 2 x the cap) and async depth.
+    ``link``: the calibrated link between the stages.
     """
-    kw = dict(link="loopback_box", sharing="mps_box", calibration=cal)
+    kw = dict(link=link, sharing="mps_box", calibration=cal)
     m_sp = machine_for(config_dir, "h200_sxm", tp=1, loop="overlap", **kw)
     m_pp = machine_for(config_dir, "h200_sxm", tp=1, loop="serial", **kw)
     memo: dict = {}
@@ -264,7 +280,7 @@ def _box_runs(cal, section: str, files: list, model: str, config_dir: Path) -> t
                 pts.append(
                     _point(
                         section,
-                        f"{'new loop' if model == 'llama-3.1-8b' else model}, {day}: {label}",
+                        f"{SECTION_LABEL.get(section, model)}, {day}: {label}",
                         b,
                         bt["decode_tok_s"],
                         thr,
@@ -587,6 +603,7 @@ def plot(points: list, path: Path) -> None:
         "box": "tab:orange",
         "box_new_loop": "tab:green",
         "box_qwen3_32b": "tab:purple",
+        "box_ipc": "tab:red",
         "real_2xh200_graphs_off": "tab:gray",
     }
     for sec, c in colors.items():
@@ -617,7 +634,7 @@ def plot(points: list, path: Path) -> None:
         for q in points
         if q["section"] in ("h200_pp1", "box")
         or (
-            q["section"] in ("box_new_loop", "box_qwen3_32b")
+            q["section"] in ("box_new_loop", "box_qwen3_32b", "box_ipc")
             and q["kind"] == "sp"
             and q["role"] != "kv_bound"
         )
@@ -632,7 +649,9 @@ def plot(points: list, path: Path) -> None:
         (
             "tab:gray"
             if q["role"] == "fit"
-            else "tab:purple" if q["section"] == "box_qwen3_32b" else "tab:green"
+            else {"box_qwen3_32b": "tab:purple", "box_ipc": "tab:red"}.get(
+                q["section"], "tab:green"
+            )
         )
         for q in p
     ]
@@ -648,6 +667,18 @@ def plot(points: list, path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _section_summary(name: str, pts: list) -> dict:
+    """Validation points of a section by kind: how many, how many within the target, the
+    largest error."""
+    out: dict = {}
+    for kind, label in (("sp", "sp2"), ("pp", "stock_pp2")):
+        v = [p for p in pts if p["role"] == "validation" and p["kind"] == kind]
+        out[f"{name}_{label}_points"] = len(v)
+        out[f"{name}_{label}_within_target"] = sum(abs(p["error"]) <= TARGET for p in v)
+        out[f"{name}_{label}_max_abs_error"] = round(max(abs(p["error"]) for p in v), 4)
+    return out
 
 
 def main(argv=None) -> int:
@@ -669,6 +700,8 @@ def main(argv=None) -> int:
     means = box_new_loop_means(points)
     q32, q32_phases = box_qwen3_32b(cal)
     points += q32
+    ipc, ipc_phases = box_ipc(cal)
+    points += ipc
     logger.info("graphs-on sections done (%.0f s)", time.time() - t0)
     ratios = gemm_ratio(cal)
     if not args.skip_graphs_off:
@@ -721,6 +754,8 @@ def main(argv=None) -> int:
         "qwen3_32b_stock_pp2_within_target": sum(abs(p["error"]) <= TARGET for p in q32_pp),
         "qwen3_32b_stock_pp2_max_abs_error": round(max(abs(p["error"]) for p in q32_pp), 4),
         "qwen3_32b_kv_bound_points": sum(p["role"] == "kv_bound" for p in q32),
+        # another link than the predictions' (and than the fits'): reported, not in the bar
+        **_section_summary("ipc", ipc),
     }
     if off:
         summary.update(
@@ -738,6 +773,7 @@ def main(argv=None) -> int:
         "calibration": {
             "h200_correction": cal.system("h200_sxm").source,
             "loopback_link": cal.raw["links"]["loopback_box"],
+            "ipc_link": cal.raw["links"].get("ipc_box"),
             "mps_sharing": cal.raw["sharing"]["mps_box"],
             "host_graphs_serial": cal.raw["host"]["graphs_serial"]["source"],
             "host_graphs_overlap": cal.raw["host"]["graphs_overlap"]["source"],
@@ -746,6 +782,7 @@ def main(argv=None) -> int:
             "box": M.BOX_2026_12_02,
             "box_new_loop": M.COMMITTED["box_new_loop"],
             "box_qwen3_32b": M.COMMITTED["box_qwen3_32b"],
+            "box_ipc": M.COMMITTED["box_ipc"],
             "mps_probe": M.MPS_PROBE_2026_12_02,
             "h200_pp1": M.H200_PP1_GRAPHS_2026_12_01,
             "aic_cli_pp1": M.AIC_CLI_PP1,
@@ -757,6 +794,7 @@ def main(argv=None) -> int:
         "box_new_loop_means": means,
         "box_new_loop_sp2_stage0": new_phases,
         "box_qwen3_32b_sp2_stage0": q32_phases,
+        "box_ipc_sp2_stage0": ipc_phases,
         "box_gemm_ratio": ratios,
         "aic_vs_sim": versus,
         "elapsed_s": round(time.time() - t0, 1),
