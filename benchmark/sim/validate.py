@@ -724,8 +724,6 @@ def main(argv=None) -> int:
     off = [
         p for p in points if p["section"] == "real_2xh200_graphs_off" and p["role"] == "validation"
     ]
-    q32_sp = [p for p in q32 if p["role"] == "validation" and p["kind"] == "sp"]
-    q32_pp = [p for p in q32 if p["role"] == "validation" and p["kind"] == "pp"]
     summary = {
         "graphs_on_validation_points": len(on),
         "graphs_on_max_abs_error": round(max(abs(p["error"]) for p in on), 4),
@@ -747,12 +745,7 @@ def main(argv=None) -> int:
         "new_loop_means": len(means),
         "error_bar_basis_max_abs_error": round(max(bar_pts), 4),
         # another model than the predictions': reported, not in the error bar
-        "qwen3_32b_sp2_points": len(q32_sp),
-        "qwen3_32b_sp2_within_target": sum(abs(p["error"]) <= TARGET for p in q32_sp),
-        "qwen3_32b_sp2_max_abs_error": round(max(abs(p["error"]) for p in q32_sp), 4),
-        "qwen3_32b_stock_pp2_points": len(q32_pp),
-        "qwen3_32b_stock_pp2_within_target": sum(abs(p["error"]) <= TARGET for p in q32_pp),
-        "qwen3_32b_stock_pp2_max_abs_error": round(max(abs(p["error"]) for p in q32_pp), 4),
+        **_section_summary("qwen3_32b", q32),
         "qwen3_32b_kv_bound_points": sum(p["role"] == "kv_bound" for p in q32),
         # another link than the predictions' (and than the fits'): reported, not in the bar
         **_section_summary("ipc", ipc),
