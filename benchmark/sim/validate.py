@@ -663,7 +663,7 @@ def plot(points: list, path: Path) -> None:
     ax.set_ylabel("error, %")
     ax.set_title(
         "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop "
-        "(purple: Qwen3-32B; grey: fit)"
+        "(purple: Qwen3-32B; red: the same-GPU IPC link; grey: fit)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
