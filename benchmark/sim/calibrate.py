@@ -118,44 +118,46 @@ def host_graphs_serial() -> dict:
     return HostCosts({"sp": sp, "pp": pp, "tp": tp}, source=src).to_json()
 
 
-def loopback_from_probe(path: str = M.COMMITTED["box_transport_probe"]) -> dict:
-    """The box's NCCL-over-loopback link: latency + bytes / bandwidth, least squares over the
-    probe's one-way times from 128 KB up (the sizes of decode proxies and outputs)."""
-    d = json.loads((ROOT / path).read_text())
-    pts = [(int(k), v) for k, v in d["one_way_s"]["nccl"].items() if int(k) >= 128 << 10]
-    b = np.array([p[0] for p in pts], dtype=float)
+def _probe_line(one_way: dict) -> tuple:
+    """A link's latency + bytes / bandwidth, least squares over a probe mode's one-way times
+    (``{bytes: seconds}``) from 128 KB up (the sizes of decode proxies and outputs): the
+    intercept, the slope, and the times fitted."""
+    pts = [(int(k), v) for k, v in one_way.items() if k.isdigit() and int(k) >= 128 << 10]
     t = np.array([p[1] for p in pts])
-    slope, icpt = np.polyfit(b, t, 1)
-    small = min(v for k, v in d["one_way_s"]["nccl"].items() if int(k) <= 1024)
+    slope, icpt = np.polyfit(np.array([p[0] for p in pts], dtype=float), t, 1)
+    return float(icpt), float(slope), t
+
+
+def loopback_from_probe(path: str = M.COMMITTED["box_transport_probe"]) -> dict:
+    """The box's NCCL-over-loopback link (:func:`_probe_line`; latency at least the smallest
+    message's)."""
+    nccl = json.loads((ROOT / path).read_text())["one_way_s"]["nccl"]
+    icpt, slope, t = _probe_line(nccl)
+    small = min(v for k, v in nccl.items() if int(k) <= 1024)
     return {
         "latency_s": float(max(icpt, small)),
-        "bandwidth_Bps": float(1.0 / slope),
+        "bandwidth_Bps": 1.0 / slope,
         "source": (
             f"NCCL send/recv over loopback sockets between the box's two MPS clients, measured: "
-            f"{path} (one way, {len(pts)} sizes from 128 KB to 16 MB, a line; latency at least "
+            f"{path} (one way, {len(t)} sizes from 128 KB to 16 MB, a line; latency at least "
             "the smallest message's)"
         ),
     }
 
 
 def ipc_from_probe(path: str = M.COMMITTED["box_transport_probe_with_ipc"]) -> dict:
-    """The box's same-GPU CUDA IPC link (``srt/stage_link.py``): latency + bytes / bandwidth,
-    least squares over the probe's one-way times from 128 KB up. Its layout travels in the
-    message over a local pipe (no separate gloo metadata message: ``meta_latency_s`` 0)."""
-    d = json.loads((ROOT / path).read_text())
-    pts = [(int(k), v) for k, v in d["one_way_s"]["ipc"].items() if k.isdigit()]
-    pts = [p for p in pts if p[0] >= 128 << 10]
-    b = np.array([p[0] for p in pts], dtype=float)
-    t = np.array([p[1] for p in pts])
-    slope, icpt = np.polyfit(b, t, 1)
+    """The box's same-GPU CUDA IPC link (``srt/stage_link.py``; :func:`_probe_line`, latency
+    at least the fastest fitted message's). Its layout travels in the message over a local
+    pipe (no separate gloo metadata message: ``meta_latency_s`` 0)."""
+    icpt, slope, t = _probe_line(json.loads((ROOT / path).read_text())["one_way_s"]["ipc"])
     return {
-        "latency_s": float(max(icpt, min(t))),
-        "bandwidth_Bps": float(1.0 / slope) if slope > 0 else float("inf"),
+        "latency_s": float(max(icpt, t.min())),
+        "bandwidth_Bps": 1.0 / slope if slope > 0 else float("inf"),
         "meta_latency_s": 0.0,
         "name": "same-GPU CUDA IPC link (emulated box)",
         "source": (
             f"the same-GPU CUDA IPC link between the box's two MPS clients, measured: {path} "
-            f"(one way, {len(pts)} sizes from 128 KB to 16 MB, a line; latency at least the "
+            f"(one way, {len(t)} sizes from 128 KB to 16 MB, a line; latency at least the "
             "fastest of them; its layout rides in the message)"
         ),
     }

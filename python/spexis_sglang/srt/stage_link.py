@@ -28,8 +28,9 @@ would sit in every measurement, so ``SPEXIS_PP_TRANSPORT=ipc`` sends the PP tens
 A message then costs two device copies and an event handshake on the device, and the layout's
 small message on the host: measured one way on an H200 box, 127-139 us for 1-4 MB (NCCL over
 loopback sockets: 0.3-1.2 ms), but 130-260 us for small messages, where NCCL takes 30-75 us
-(the host's pickling and pipe set the floor). Stock PP and Spexis use the same link on the
-same box, so their comparison stays fair.
+(the layout's pickling takes ~2 us and the zmq pipe tens of us; the rest of that floor is
+not profiled yet). Stock PP and Spexis use the same link on the same box, so their comparison
+stays fair.
 """
 
 from __future__ import annotations
