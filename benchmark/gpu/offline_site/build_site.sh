@@ -6,8 +6,8 @@
 #   e.g.   bash benchmark/gpu/offline_site/build_site.sh .gpu/site.tar.xz
 #
 # Runs on an x86_64 Linux machine with Python >= 3.9 (any minor version: the wheels are
-# fetched for CPython 3.12 explicitly), python3-venv, GNU tar, xz and access to PyPI
-# (the download step honours pip's configuration, e.g. PIP_INDEX_URL or a mirror; the
+# fetched for CPython 3.12 explicitly), python3-venv, GNU tar, xz, binutils (readelf, strip) and
+# access to PyPI (the download step honours pip's configuration, e.g. PIP_INDEX_URL or a mirror; the
 # pinned hashes make sure the files are PyPI's). Needs about 3 GB of free disk in WORKDIR: the
 # sglang-kernel wheel (365 MiB) unpacks to 1.2 GB before it is slimmed. Took 9 min on a
 # busy 2-core machine (8 min of CPU time), almost all of it `xz -9e`.
@@ -27,7 +27,8 @@
 #      machine's Python writes its own);
 #   5. drop SITE/bin and SITE/share and their RECORD lines (console scripts whose shebang
 #      names the build venv's Python, and a man page; nothing uses them under
-#      PYTHONPATH) and zstandard's unused cffi backend, check the result (never drop a
+#      PYTHONPATH) and zstandard's unused cffi backend, strip debug information from the
+#      shared libraries that carry it (RECORD rehashed), check the result (never drop a
 #      RECORD file: tvm-ffi locates xgrammar's bindings through xgrammar's RECORD);
 #   6. tar (sorted, fixed owner and mtime) | xz -9e -T2, then print size and sha256.
 #      xz's multi-threaded mode cuts the input into fixed 192 MiB blocks, so its output
@@ -61,7 +62,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REQ="$HERE/requirements.txt"
 OUT_ARG=${1:?usage: $0 OUTPUT.tar.xz [WORKDIR]}
 [ -f "$REQ" ] || { echo "missing $REQ" >&2; exit 2; }
-for t in tar xz sha256sum; do command -v $t >/dev/null || { echo "need $t" >&2; exit 2; }; done
+for t in tar xz sha256sum readelf strip; do command -v $t >/dev/null || { echo "need $t" >&2; exit 2; }; done
 mkdir -p "$(dirname "$OUT_ARG")"
 OUT_TAR="$(cd "$(dirname "$OUT_ARG")" && pwd)/$(basename "$OUT_ARG")"
 
@@ -157,6 +158,33 @@ rm -rf "$SITE/sglang/multimodal_gen" "$SITE/tvm_ffi/3rdparty/libbacktrace"
 sed -i -E '/^sglang\/multimodal_gen\//d' "$SITE"/sglang-*.dist-info/RECORD
 sed -i -E '/^tvm_ffi\/3rdparty\/libbacktrace\//d' "$SITE"/*tvm_ffi*.dist-info/RECORD
 find "$SITE" -name __pycache__ -type d -prune -exec rm -rf {} +
+# Debug information out of the shared libraries that ship it (xgrammar's bindings 53 -> 3 MB,
+# zstandard's C backend 12 -> 1 MB; ~10 MB of the tarball), their RECORD lines rehashed. Code,
+# symbols and every other section stay (`strip --strip-debug`).
+find "$SITE" -name '*.so*' -type f | sort | while read -r so; do
+  readelf -S "$so" 2>/dev/null | grep -q '\.debug_info' || continue
+  before=$(stat -c %s "$so"); strip --strip-debug "$so"
+  printf '   strip %10d -> %9d  %s\n' "$before" "$(stat -c %s "$so")" "${so#"$SITE"/}"
+  echo "${so#"$SITE"/}" >> "$WORK/stripped.txt"
+done
+"$VPY" - "$SITE" "$WORK/stripped.txt" <<'PY'
+import base64, csv, hashlib, io, pathlib, sys
+site, stripped = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+todo = set(stripped.read_text().split()) if stripped.exists() else set()
+for record in site.glob("*.dist-info/RECORD"):
+    rows = list(csv.reader(io.StringIO(record.read_text(encoding="utf-8"))))
+    hit = [r for r in rows if r and r[0] in todo]
+    for r in hit:
+        data = (site / r[0]).read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        r[1:3] = [f"sha256={digest}", str(len(data))]
+        todo.discard(r[0])
+    if hit:
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        record.write_text(out.getvalue(), encoding="utf-8")
+assert not todo, f"stripped files in no RECORD: {sorted(todo)}"
+PY
 "$VPY" - "$SITE" "$WORK/pins.txt" <<'PY'
 import email.parser, pathlib, sys
 from packaging.utils import canonicalize_name
