@@ -8,6 +8,8 @@ that truth; the online chooser must reach it on a steady workload and follow a s
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from spexis_sglang.core.cost_model import sp_alpha_exact
 from spexis_sglang.core.online_alpha import (
+    LatencyCurve,
     LatencyFit,
     OnlineAlpha,
     isotonic_decreasing,
@@ -198,16 +201,18 @@ class SyntheticLoad:
     come back ``N`` iterations after the launch, for the drafts whose chain was not broken
     (a share ``theta`` of them)."""
 
-    def __init__(self, seed: int = 0, latency: LatencyFit = LATENCY) -> None:
+    def __init__(self, seed: int = 0, latency: LatencyFit = LATENCY, batch: int = B) -> None:
         self.rng = np.random.default_rng(seed)
         self.latency = latency
+        self.batch = batch
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     def step(self, oa: OnlineAlpha, profile: tuple[float, ...]) -> None:
-        a = oa.next_iteration(B)
-        conf = self.rng.random(B)
+        b = self.batch
+        a = oa.next_iteration(b)
+        conf = self.rng.random(b)
         bins = oa.rank_bins(conf)
-        keep = np.ones(B, dtype=bool)
+        keep = np.ones(b, dtype=bool)
         keep[select_drops(conf, a)] = False
         launched = bins[keep]
         accepted = self.rng.random(launched.size) < np.asarray(profile)[launched]
@@ -219,7 +224,7 @@ class SyntheticLoad:
         if len(self.pending) > N:
             oa.record_verdicts(*self.pending.pop(0))
         theta = RankAcceptanceProfile(profile).theta_alpha(a)
-        rows = sp_alpha_exact(B, N, theta, a).rows + 0.3 * self.rng.standard_normal()
+        rows = sp_alpha_exact(b, N, theta, a).rows + 0.3 * self.rng.standard_normal()
         oa.record_iteration(rows, self.latency(rows) * (1 + 0.03 * self.rng.standard_normal()))
 
 
@@ -418,3 +423,60 @@ def test_latency_by_rows_shows_what_the_fit_was_made_from() -> None:
         oa.next_iteration(256)
         oa.record_iteration(236, 0.038)
     assert [round(r) for r, _, _ in oa.latency_by_rows()] == [236]
+
+
+def test_latency_curve_interpolates_between_knots_and_continues_the_end_segments() -> None:
+    fit = LatencyFit(intercept=1.0, slope=0.5, identified=True)
+    curve = LatencyCurve(((10.0, 2.0), (20.0, 2.0), (40.0, 6.0)), fit)
+    assert curve(15) == pytest.approx(2.0)
+    assert curve(30) == pytest.approx(4.0)
+    assert curve(60) == pytest.approx(10.0)  # the last segment's slope, 0.2 s a row
+    assert curve(0) == pytest.approx(2.0)  # the first segment's (flat)
+    steep = LatencyCurve(((10.0, 1.0), (20.0, 3.0)), fit)
+    assert steep(0) == 0.0  # never below zero
+    assert LatencyCurve((), fit)(30) == fit(30)
+
+
+# Qwen3-32B-shaped stage times on an emulated two-GPU box (stage time against rows, CUDA
+# graphs): flat while weights dominate, then growing with the rows
+CONVEX_ROWS, CONVEX_SECONDS = (0, 64, 128, 256, 512), (0.0171, 0.0194, 0.0234, 0.0375, 0.0655)
+
+
+def convex(rows: float) -> float:
+    return float(np.interp(rows, CONVEX_ROWS, CONVEX_SECONDS))
+
+
+def test_a_stage_flat_then_proportional_gets_alpha_one_only_where_it_pays() -> None:
+    """Batches grow 16 -> 64 -> 128 -> 256 (as a decode sweep runs them) on a stage whose time
+    is flat in rows up to ~64 and then grows: one line through every sample overstates the
+    time at B/N = 128 rows, where alpha 1 runs at B = 256, and alpha would stay at 0 there;
+    the chooser's curve through the buckets of rows gets each batch its own best alpha."""
+    flat = (0.6,) * 10  # Theta 0.6 at every rank
+
+    def sweep(oa: OnlineAlpha) -> list[float]:
+        """Throughput of the alpha reached at each batch, relative to the best alpha's."""
+        load, got = SyntheticLoad(5, convex), []
+        for batch in (16, 64, 128, 256):
+            best, evaluated = choose_alpha(
+                N, batch, RankAcceptanceProfile(flat), convex, ONLINE_ALPHA_GRID, model="exact"
+            )
+            load.batch = batch
+            run(oa, load, flat, 100)
+            assert oa.batch == pytest.approx(batch, abs=1)
+            reached = min(evaluated, key=lambda c: abs(c.alpha - oa.alpha))
+            got.append(reached.throughput / best.throughput)
+            assert (batch < 256) == (best.alpha == 0.0)  # B = 256: alpha 1 pays
+        return got
+
+    oa = OnlineAlpha(N)
+    assert min(sweep(oa)) >= 0.98
+    assert oa.alpha >= 0.9
+    # the affine fit alone: at B = 256 it overstates the time of B/N rows and keeps alpha 0
+    line_only = OnlineAlpha(N, curve_tolerance=math.inf)
+    assert sweep(line_only)[-1] < 0.9
+    assert line_only.alpha == 0.0 and line_only.latency()(128) > 1.08 * convex(128)
+    line_only.curve_tolerance = 0.05  # the same samples' curve: the probes' B/N rows right
+    curve = line_only.latency_curve()
+    assert [round(x, -1) for x, _ in curve.knots][-2:] == [130, 260]
+    assert curve(128) == pytest.approx(convex(128), rel=0.03)
+    assert line_only.as_dict()["latency_curve"] == [list(k) for k in curve.knots]

@@ -22,9 +22,10 @@ What is measured
   (:meth:`OnlineAlpha.record_iteration`), fitted by weighted least squares as
   ``T(rows) = a + b * rows``, plus a wait on iterations whose drops waited for the drafts'
   confidences (see *Latency* below).
-* **Batch** ``B``: the running requests (candidates plus normal rows), averaged the same way.
+* **Batch** ``B``: the running requests (candidates plus normal rows), averaged over the
+  iterations since the previous choice (the batch the next interval will most likely carry).
 
-Every count is exponentially decayed per iteration with half-life ``half_life`` iterations
+Every other count is exponentially decayed per iteration with half-life ``half_life`` iterations
 (by default four choice intervals, 200 iterations at the default ``interval`` of 50), so old
 data fades and a workload shift is followed in a few half-lives; nothing else ages.
 
@@ -86,11 +87,19 @@ Estimates
   ``min_group`` (decayed) samples the wait is measured; it is kept when only one kind comes
   in afterwards (and taken out of waited samples then). Before it is first measured it is
   taken as 0, so an interior ``alpha`` is tried on its merits and then charged what it costs.
+* The chooser's ``T_sp(rows)``: the same samples by rows (buckets half an octave wide, so
+  that B and B/2 rows never share one), each bucket's mean
+  time less the wait, piecewise linear between the buckets' means (non-decreasing), once two
+  buckets hold samples and the affine fit misses one by more than ``curve_tolerance`` (5 %;
+  :class:`LatencyCurve`); the affine fit otherwise. A stage's time is
+  flat in rows and then turns proportional: a single line through both regimes overstates the
+  time in between, where ``alpha = 1``'s B/N rows fall at large B (on an emulated two-GPU box
+  it kept ``alpha`` at 0, at 0.84x stock PP's throughput, where 1 runs as PP does).
 
 Decision
 --------
 Every ``interval`` iterations, once at least ``min_verdicts`` (decayed) verdicts and
-``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T, grid,
+``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T_sp, grid,
 model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
 predicted throughput beats the current ``alpha``'s by more than ``margin`` (relative), so
 noise does not make ``alpha`` flap between near-equal choices. Leaving ``initial`` (a guess)
@@ -137,6 +146,7 @@ __all__ = [
     "AUTO_ALPHA_INITIAL",
     "AUTO_ALPHA_INTERVAL",
     "FIXED_ALPHA_OBSERVE_EVERY",
+    "LatencyCurve",
     "LatencyFit",
     "OnlineAlpha",
     "isotonic_decreasing",
@@ -155,8 +165,9 @@ AUTO_ALPHA_INITIAL = 0.15
 FIXED_ALPHA_OBSERVE_EVERY = 8
 #: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
 HALF_LIFE_INTERVALS = 4
-#: log2 buckets of rows for :meth:`OnlineAlpha.latency_by_rows` (the last: 2048 rows and more)
-LATENCY_ROW_BUCKETS = 12
+#: buckets of rows, half an octave each, for :meth:`OnlineAlpha.latency_by_rows` and the
+#: chooser's curve (the last: 4096 rows and more)
+LATENCY_ROW_BUCKETS = 25
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -235,6 +246,33 @@ class LatencyFit:
         return self.intercept + self.slope * float(rows)
 
 
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Seconds per iteration against rows, piecewise linear through ``knots`` (mean rows,
+    mean seconds of a bucket of samples, non-decreasing), the end segments continued beyond
+    the end knots (never below 0); with fewer than two knots, ``fit`` (the affine fit).
+
+    A stage's time is flat in rows while weights dominate and turns proportional once
+    compute does: one line through samples from both regimes overstates the time at the
+    rows in between (on an emulated two-GPU box, 26.9 ms for a 128-row stage that took 22.4,
+    from samples at 16 ... 256 rows), which is where ``alpha = 1`` runs at large B.
+    """
+
+    knots: tuple[tuple[float, float], ...]
+    fit: LatencyFit
+
+    def __call__(self, rows: float) -> float:
+        k = self.knots
+        if len(k) < 2:
+            return self.fit(rows)
+        x = float(rows)
+        i = 1
+        while i < len(k) - 1 and x > k[i][0]:
+            i += 1
+        (x0, y0), (x1, y1) = k[i - 1], k[i]
+        return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
 class OnlineAlpha:
     """Live acceptance-by-rank profile and latency fit; ``alpha`` re-chosen every ``interval``.
 
@@ -262,6 +300,12 @@ class OnlineAlpha:
         clip: a latency sample above ``clip`` times the current fit is clipped to it.
         min_group: decayed samples of each kind (waited for confidences or not) needed
             before the wait is fitted apart.
+        min_knot: decayed samples a bucket of rows needs to be a knot of the chooser's
+            latency curve (:meth:`latency_curve`).
+        merge_ratio: adjacent buckets whose mean rows are closer than this ratio form one
+            knot.
+        curve_tolerance: relative distance of the affine fit from a knot beyond which the
+            chooser takes the curve instead of the fit.
         margin: relative throughput gain a new ``alpha`` must predict over ``initial``.
         settled_margin: the gain any later change must predict (hysteresis against flapping
             between near-equal choices).
@@ -285,6 +329,9 @@ class OnlineAlpha:
         min_spread: float = 0.5,
         clip: float = 2.0,
         min_group: float = 2.0,
+        min_knot: float = 1.0,
+        merge_ratio: float = 1.2,
+        curve_tolerance: float = 0.05,
         margin: float = 0.005,
         settled_margin: float = 0.02,
         history: int = 1000,
@@ -339,6 +386,9 @@ class OnlineAlpha:
         self.min_spread = float(min_spread)
         self.clip = float(clip)
         self.min_group = float(min_group)
+        self.min_knot = float(min_knot)
+        self.merge_ratio = float(merge_ratio)
+        self.curve_tolerance = float(curve_tolerance)
         self.margin = float(margin)
         self.settled_margin = max(float(settled_margin), self.margin)
 
@@ -354,11 +404,12 @@ class OnlineAlpha:
         self._accepted = np.zeros(self.bins)
         self._lat = np.zeros(5)  # W, Sx, Sy, Sxx, Sxy
         self._lat_waited = np.zeros(3)  # W, Sx, Sy of the samples that waited
-        # W, Sx, Sy of the samples by rows, log2 buckets: what the fit was made from, for a
-        # reader of as_dict (a fit from one cluster of rows extrapolates to the others)
-        self._lat_by_rows = np.zeros((LATENCY_ROW_BUCKETS, 3))
+        # W, Sx, Sy, W of waited samples, by rows (half-octave buckets): the chooser's curve,
+        # and for a reader of as_dict what the fit was made from
+        self._lat_by_rows = np.zeros((LATENCY_ROW_BUCKETS, 4))
         self._wait: float | None = None  # the last identified wait
-        self._batch = np.zeros(2)  # W, S(running)
+        self._window = np.zeros(2)  # n, S(running) since the last choice
+        self._last_batch = 0.0  # the window's mean at the last choice
         self._fit: LatencyFit | None = None  # the last identified fit
 
     # ------------------------------------------------------------------ per iteration
@@ -376,8 +427,7 @@ class OnlineAlpha:
         self._lat *= d
         self._lat_waited *= d
         self._lat_by_rows *= d
-        self._batch *= d
-        self._batch += (1.0, float(running))
+        self._window += (1.0, float(running))
         if self.iteration % self.interval == 0:
             self.choose()
         self.exploring = False
@@ -477,17 +527,19 @@ class OnlineAlpha:
             y = min(y, self.clip * max(bound, 1e-12))
         w = float(weight)
         self._lat += (w, w * x, w * y, w * x * x, w * x * y)
-        bucket = min(int(math.log2(max(x, 1.0))), LATENCY_ROW_BUCKETS - 1)
-        self._lat_by_rows[bucket] += (w, w * x, w * y)
+        bucket = min(int(2.0 * math.log2(max(x, 1.0))), LATENCY_ROW_BUCKETS - 1)
+        self._lat_by_rows[bucket] += (w, w * x, w * y, w if waited else 0.0)
         if waited:
             self._lat_waited += (w, w * x, w * y)
 
     # ------------------------------------------------------------------ estimates
     @property
     def batch(self) -> float:
-        """Decayed mean of the running requests (the chooser's ``B``)."""
-        w, s = self._batch
-        return float(s / w) if w > 0 else 0.0
+        """Mean running requests since the last choice (the chooser's ``B``: the batch the
+        next interval will most likely carry; a mean over the counts' half-life would lag a
+        change of load by hundreds of iterations)."""
+        n, s = self._window
+        return float(s / n) if n > 0 else self._last_batch
 
     @property
     def verdicts(self) -> float:
@@ -500,13 +552,42 @@ class OnlineAlpha:
         return float(self._lat[0])
 
     def latency_by_rows(self, min_weight: float = 0.01) -> list[list[float]]:
-        """The latency samples by rows (log2 buckets): ``[mean rows, mean seconds, decayed
+        """The latency samples by rows (half-octave buckets): ``[mean rows, mean seconds, decayed
         weight]`` per bucket that holds any, fewest rows first."""
         return [
             [float(sx / w), float(sy / w), float(w)]
-            for w, sx, sy in self._lat_by_rows
+            for w, sx, sy, _ in self._lat_by_rows
             if w >= min_weight
         ]
+
+    def latency_curve(self, fit: LatencyFit | None = None) -> LatencyCurve | None:
+        """The chooser's latency: a :class:`LatencyCurve` through the buckets of rows that
+        hold at least ``min_knot`` (decayed) samples, each bucket's mean time less the wait
+        on its waited samples; adjacent buckets whose mean rows lie within ``merge_ratio`` of
+        each other are merged (two close knots would give a slope from noise), and the times
+        are made non-decreasing in rows (weighted isotonic regression). Where the affine fit
+        lies within ``curve_tolerance`` of every knot the fit stands (it averages every sample:
+        the steadier choice). None before any sample."""
+        fit = self.latency() if fit is None else fit
+        if fit is None:
+            return None
+        knots: list[list[float]] = []  # W, Sx, Sy (waits out)
+        for w, sx, sy, ww in self._lat_by_rows:
+            if w < self.min_knot:
+                continue
+            sy -= fit.wait * ww
+            if knots and sx / w < self.merge_ratio * knots[-1][1] / knots[-1][0]:
+                knots[-1] = [knots[-1][0] + w, knots[-1][1] + sx, knots[-1][2] + sy]
+            else:
+                knots.append([w, sx, sy])
+        if len(knots) < 2:
+            return LatencyCurve((), fit)
+        w = np.array([k[0] for k in knots])
+        rows = [k[1] / k[0] for k in knots]
+        seconds = -isotonic_decreasing(-np.array([k[2] / k[0] for k in knots]), w)
+        if all(abs(fit(x) - y) <= self.curve_tolerance * y for x, y in zip(rows, seconds)):
+            return LatencyCurve((), fit)  # the line explains every bucket: less noise
+        return LatencyCurve(tuple((float(x), float(y)) for x, y in zip(rows, seconds)), fit)
 
     def acceptance_by_bin(self) -> np.ndarray:
         """Raw decayed acceptance per bin (NaN where nothing was verified)."""
@@ -584,16 +665,18 @@ class OnlineAlpha:
 
     def choose(self) -> float:
         """Re-run the chooser now (done every ``interval`` iterations); returns ``alpha``."""
+        batch = self._last_batch = self.batch
+        self._window[:] = 0.0
         if not self.ready():
             return self.alpha
         profile, latency = self.profile(), self.latency()
-        if profile is None or latency is None or self.batch <= 0:
+        if profile is None or latency is None or batch <= 0:
             return self.alpha
         best, evaluated = choose_alpha(
             self.num_stages,
-            self.batch,
+            batch,
             profile,
-            latency,
+            self.latency_curve(latency),
             self.alphas,
             self.model,
             interior_cost=latency.wait,
@@ -629,6 +712,7 @@ class OnlineAlpha:
         """Plain-JSON state for ``/server_info`` and benchmarks."""
         prof = self.profile()
         lat = self.latency()
+        curve = self.latency_curve(lat)
         last = self.last_choice
         return {
             "alpha": self.alpha,
@@ -663,6 +747,7 @@ class OnlineAlpha:
                 }
             ),
             "latency_by_rows": self.latency_by_rows(),
+            "latency_curve": None if curve is None else [list(k) for k in curve.knots],
             "last_choice": None if last is None else last.__dict__.copy(),
             "history": [list(h) for h in self.history],
         }
