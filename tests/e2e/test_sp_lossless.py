@@ -64,8 +64,8 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     per launched row = 1 / (N - theta (N - 1)) (Eq. 2; measured within 0.1 %)."""
     from spexis_sglang.core.cost_model import b_eff_star
 
-    prompts = lossless_prompts(model_dir, 32)
-    assert len(prompts) == 32
+    prompts = lossless_prompts(model_dir, 24)
+    assert len(prompts) == 24
     baseline_server = server_factory(BASELINE)
     baseline = baseline_server.greedy_ids(prompts, 64)
     sp_server = server_factory(sp_args(2, trained_head))

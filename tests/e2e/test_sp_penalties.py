@@ -40,6 +40,8 @@ SHORT_ANSWERS = [
     "Is water wet? Answer yes or no.",
 ]
 MIN_NEW_TOKENS = 20
+# prompts each penalty is applied to alone (the mixed batch has every penalty on others)
+PENALISED = 5
 # plain SGLang whose penalizers see exactly the output so far (see the module docstring)
 BASELINE = ["--pp-size", "1", "--disable-overlap-schedule"]
 # a reasoning parser: requests with ``require_reasoning`` count their reasoning tokens. Only
@@ -85,8 +87,8 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
     reasoning += lossless_prompts(model_dir, 4)
     return {
         "penalties": (
-            [p for _ in PENALTIES for p in prompts],
-            [{**greedy, "ignore_eos": True, **q} for q in PENALTIES for _ in prompts],
+            [p for _ in PENALTIES for p in prompts[:PENALISED]],
+            [{**greedy, "ignore_eos": True, **q} for q in PENALTIES for _ in prompts[:PENALISED]],
         ),
         "min_new_tokens": (
             short,
@@ -122,7 +124,10 @@ def runs(servers, model_dir):
     greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}
     # the references, in the baseline's batch (one batch decodes them in the same steps)
     references = {
-        "unpenalized": (parts["penalties"][0][:8], [{**greedy, "ignore_eos": True}] * 8),
+        "unpenalized": (
+            parts["penalties"][0][:PENALISED],
+            [{**greedy, "ignore_eos": True}] * PENALISED,
+        ),
         "free": (
             parts["min_new_tokens"][0],
             [{**greedy, **STOP}] * len(parts["min_new_tokens"][0]),
