@@ -252,6 +252,7 @@ class Server(ServerProcess):
 ALPHA_CONTROLLER_KEYS = (
     "latency",
     "latency_by_rows",
+    "latency_curve",
     "batch",
     "profile",
     "last_choice",

@@ -98,3 +98,14 @@ def test_phases_per_iteration_come_from_decode_only_iterations_where_counted():
     # a server that counts no decode-only iterations: every iteration, as before
     none = dict(short, decode_timed_iterations=0), dict(long, decode_timed_iterations=0)
     assert decode_throughput.phase_ms_per_iteration(*none)["process"] == 1.4
+
+
+def test_the_alpha_controller_keys_recorded_are_in_its_state():
+    """Every key the decode benchmark records of ``auto``'s controller is one it reports."""
+    from spexis_sglang.core.online_alpha import OnlineAlpha
+
+    oa = OnlineAlpha(2)
+    for _ in range(60):
+        oa.next_iteration(16)
+        oa.record_iteration(16, 0.01)
+    assert set(decode_throughput.ALPHA_CONTROLLER_KEYS) <= set(oa.as_dict())
