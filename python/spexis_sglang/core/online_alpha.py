@@ -109,6 +109,15 @@ went between 0 and 1 eight times during one measured point where its fit put the
 0.7-1.7 % apart (B = 512, Theta 0.6), while one in 8 explore iterations at ``alpha = 1`` had
 cost 12 % there, more than such a gap can gain.
 
+A change back (towards the ``alpha`` before the last change) needs that margin doubled for
+each such reversal in the recent past (decayed over 32 half-lives, at most 8x): each
+regime measures the other one's rows only in its probe or explore iterations, among batches of
+its own size, and on an emulated two-GPU box (two stages sharing one GPU's memory) both
+readings came out low, so each ``alpha`` looked worse than the other while in force and a
+fixed margin let ``alpha`` go between 0 and 1 six times within one measured point
+(Llama-3.1-8B shape, B = 512). In a synthetic load where each regime reads the other 12 %
+low, the changes come half as often and further apart (``tests/core/test_online_alpha.py``).
+
 Everything is deterministic given the sequence of calls (no clock, no random source; the
 caller passes the measured seconds).
 
@@ -168,6 +177,10 @@ HALF_LIFE_INTERVALS = 4
 #: buckets of rows, half an octave each, for :meth:`OnlineAlpha.latency_by_rows` and the
 #: chooser's curve (the last: 4096 rows and more)
 LATENCY_ROW_BUCKETS = 25
+#: reversals of alpha are remembered over this many counts' half-lives
+REVERSAL_MEMORY = 32
+#: at most this many doublings of the margin for going back
+MAX_REVERSAL_DOUBLINGS = 3
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -309,6 +322,9 @@ class OnlineAlpha:
         margin: relative throughput gain a new ``alpha`` must predict over ``initial``.
         settled_margin: the gain any later change must predict (hysteresis against flapping
             between near-equal choices).
+        reversal_backoff: a change back towards the alpha before the last change needs
+            ``settled_margin`` times this to the power of the (decayed) reversals so far
+            (1: no backoff).
         history: choices kept for :meth:`as_dict` (iteration, alpha).
     """
 
@@ -334,6 +350,7 @@ class OnlineAlpha:
         curve_tolerance: float = 0.05,
         margin: float = 0.005,
         settled_margin: float = 0.02,
+        reversal_backoff: float = 2.0,
         history: int = 1000,
     ) -> None:
         if num_stages < 1:
@@ -391,6 +408,7 @@ class OnlineAlpha:
         self.curve_tolerance = float(curve_tolerance)
         self.margin = float(margin)
         self.settled_margin = max(float(settled_margin), self.margin)
+        self.reversal_backoff = max(float(reversal_backoff), 1.0)
 
         self.alpha = float(initial)
         self.iteration = 0
@@ -411,6 +429,8 @@ class OnlineAlpha:
         self._window = np.zeros(2)  # n, S(running) since the last choice
         self._last_batch = 0.0  # the window's mean at the last choice
         self._fit: LatencyFit | None = None  # the last identified fit
+        self._last_step = 0.0  # the last change of alpha (its sign: the direction)
+        self._reversals = 0.0  # changes that went back, decayed (see choose)
 
     # ------------------------------------------------------------------ per iteration
     def next_iteration(self, running: int) -> float:
@@ -683,10 +703,18 @@ class OnlineAlpha:
         )
         self.choices += 1
         current = min(evaluated, key=lambda c: abs(c.alpha - self.alpha))
+        self._reversals *= self.decay ** (self.interval / REVERSAL_MEMORY)
         margin = self.margin if self.changes == 0 else self.settled_margin
-        if best.alpha != self.alpha and best.throughput > current.throughput * (1 + margin):
+        step = best.alpha - self.alpha
+        reverses = step * self._last_step < 0
+        if reverses:  # back towards where alpha came from: each recent reversal doubles it
+            margin *= self.reversal_backoff ** min(self._reversals, MAX_REVERSAL_DOUBLINGS)
+        if step != 0 and best.throughput > current.throughput * (1 + margin):
             self.alpha = best.alpha
             self.changes += 1
+            self._reversals += 1.0 if reverses else 0.0
+            self._last_step = step if self.changes > 1 else 0.0  # leaving the initial guess
+            # is no direction
             self.last_choice = best
             moved = True
         else:
