@@ -34,7 +34,6 @@ NEW_TOKENS = 40
 TEXTS = [
     "Is the sky blue? Answer yes or no and say why.",
     "Describe a fictional person: their name and age.",
-    "Is a tomato a fruit?",
     "Give me a character for a story.",
 ]
 PERSON = {
