@@ -260,6 +260,7 @@ ALPHA_CONTROLLER_KEYS = (
     "probe_period",
     "probe_iterations",
     "changes",
+    "reversals",
 )
 
 
