@@ -404,8 +404,8 @@ def test_bad_arguments() -> None:
 
 
 def test_latency_by_rows_shows_what_the_fit_was_made_from() -> None:
-    """Samples kept by rows (half-octave buckets, decayed as the fit's): a reader sees the clusters
-    a fit extrapolates from (at alpha 0, full batches and the probes' B/N rows)."""
+    """Samples kept by rows (half-octave buckets, decayed as the fit's): a reader sees the
+    clusters a fit extrapolates from (at alpha 0, full batches and the probes' B/N rows)."""
     oa = OnlineAlpha(2, explore=0)
     for i in range(60):
         oa.next_iteration(256)
