@@ -85,10 +85,11 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
     short = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
     reasoning = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
     reasoning += lossless_prompts(model_dir, 4)
+    penalised = prompts[:PENALISED]
     return {
         "penalties": (
-            [p for _ in PENALTIES for p in prompts[:PENALISED]],
-            [{**greedy, "ignore_eos": True, **q} for q in PENALTIES for _ in prompts[:PENALISED]],
+            [p for _ in PENALTIES for p in penalised],
+            [{**greedy, "ignore_eos": True, **q} for q in PENALTIES for _ in penalised],
         ),
         "min_new_tokens": (
             short,
