@@ -12,7 +12,14 @@ per iteration, and Eq. 2's prediction 1 / (N - Θ (N - 1)) for tokens per row.
 reports acceptance per category (``--export-prompt-ids F`` writes the tokenized prompts, which
 ``--prompt-ids F`` serves on a machine without the data packages: the GPU's); ``--draft-head``
 (repeatable there) serves each head in turn on the same prompts, so shipped and candidate heads
-are compared side by side in one run.
+are compared side by side in one run; ``--draft-vocab K`` (repeatable) serves each head with
+``--spexis-draft-vocab K`` for every K given (the vocabulary's size for the whole of it), for the
+acceptance a smaller draft vocabulary costs:
+
+    .venv/bin/python benchmark/acceptance/sp_acceptance.py --workload specbench --prompts 8 \
+        --new-tokens 96 --one-batch --draft-vocab 49152 --draft-vocab 16384 \
+        --draft-vocab 8192 --draft-vocab 4096 \
+        --out benchmark/results/cpu_draft_vocab_acceptance.json
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ def stats(server) -> dict:
     return server.server_info(timeout=60)["internal_states"][0]["spexis"]
 
 
-def server_args(head: str, args) -> list:
-    """One SP server: ``head`` at stage 0, and ``--alpha`` when set."""
+def server_args(head: str, args, draft_vocab: int | None = None) -> list:
+    """One SP server: ``head`` at stage 0, and ``--alpha`` and ``draft_vocab`` when set."""
     out = ["--pp-size", str(args.pp_size), "--spexis-draft-head", head]
+    if draft_vocab is not None:
+        out += ["--spexis-draft-vocab", str(draft_vocab)]
     return out + ["--spexis-alpha", str(args.alpha)] if args.alpha else out
 
 
@@ -88,8 +97,9 @@ def specbench(model: str, heads: list, args) -> dict:
         return {"exported": sum(map(len, by_cat.values()))}
     out: dict = {}
     outputs: dict = {}
-    for head in heads:
-        server = ServerProcess(server_args(head, args))
+    variants = [(h, k) for h in heads for k in (args.draft_vocab or [None])]
+    for head, draft_vocab in variants:
+        server = ServerProcess(server_args(head, args, draft_vocab))
         server.wait_ready()
         per: dict = {}
         # per category (a batch each), or every category in one batch (--one-batch: long
@@ -110,11 +120,11 @@ def specbench(model: str, heads: list, args) -> dict:
             server.stop()
         if not args.one_batch:
             per["avg"] = round(sum(per[c]["acceptance"] for c in CATEGORIES) / len(CATEGORIES), 4)
-        out[repo_relative(head)] = per
-        print(
-            repo_relative(head),
-            json.dumps({c: per[c] if c == "avg" else per[c]["acceptance"] for c in per}),
-        )
+        label = repo_relative(head)
+        if draft_vocab is not None:
+            label += f" --spexis-draft-vocab {draft_vocab}"
+        out[label] = per
+        print(label, json.dumps({c: per[c] if c == "avg" else per[c]["acceptance"] for c in per}))
     identical = all(all(o == outs[0] for o in outs) for outs in outputs.values())
     return {"per_head": out, "outputs_identical_across_heads": identical}
 
@@ -129,6 +139,13 @@ def main() -> int:
     ap.add_argument("--workload", choices=("lossless", "specbench"), default="lossless")
     ap.add_argument("--draft-head", action="append", default=None)
     ap.add_argument("--one-batch", action="store_true")
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        action="append",
+        default=None,
+        help="specbench: serve each head with --spexis-draft-vocab K (repeatable)",
+    )
     ap.add_argument(
         "--export-prompt-ids",
         default=None,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -15,6 +16,7 @@ import requests
 
 from spexis_sglang.cpu_support import cuda_available
 from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head
+from spexis_sglang.srt.config import ENV_DRAFT_TRACE
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
 from spexis_sglang.testing import SPEXIS_RETRACT_LINE
 
@@ -64,8 +66,8 @@ def test_greedy_default_model_pp2_equals_plain_sglang(server_factory, model_dir,
     per launched row = 1 / (N - theta (N - 1)) (Eq. 2; measured within 0.1 %)."""
     from spexis_sglang.core.cost_model import b_eff_star
 
-    prompts = lossless_prompts(model_dir, 24)
-    assert len(prompts) == 24
+    prompts = lossless_prompts(model_dir, 16)
+    assert len(prompts) == 16
     baseline_server = server_factory(BASELINE)
     baseline = baseline_server.greedy_ids(prompts, 64)
     sp_server = server_factory(sp_args(2, trained_head))
@@ -234,17 +236,37 @@ def test_sampling_distribution_matches_plain(server_factory, tiny_model_dir, tin
     assert chi2_sf(*two_sample_chi2(observed, shifted)) < 1e-6
 
 
-def test_pp_x_tp_x_sp_tiny_model_equals_plain(server_factory, tiny_model_dir, tiny_prompts):
-    """PP=2 x TP=2 with SP (and alpha drops relayed): the same tokens as plain PP=1."""
+# the first 30000 of the tiny model's 49152 ids: past TP rank 0's shard of the embedding
+# (24576 rows), so both ranks score draft ids
+TP_DRAFT_VOCAB = 30000
+
+
+def test_pp_x_tp_x_sp_tiny_model_equals_plain(
+    server_factory, tiny_model_dir, tiny_prompts, tmp_path
+):
+    """PP=2 x TP=2 with SP (and alpha drops relayed): the same tokens as plain PP=1. The head
+    drafts among the first ``TP_DRAFT_VOCAB`` ids (``--spexis-draft-vocab``), which the two
+    ranks' vocabulary shards hold between them: every draft it made lies below."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
+    trace = str(tmp_path / "drafts.jsonl")
     sp_server = server_factory(
-        ["--model-path", tiny_model_dir, "--tp-size", "2", *tiny_sp_args(2)],
-        env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"},  # SGLang's CPU TP needs one entry per rank
+        [
+            *["--model-path", tiny_model_dir, "--tp-size", "2", *tiny_sp_args(2)],
+            *["--spexis-draft-vocab", str(TP_DRAFT_VOCAB)],
+        ],
+        # SGLang's CPU TP needs one entry per rank
+        env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1", ENV_DRAFT_TRACE: trace},
+        keep=False,
     )
     prompts = tiny_prompts[:8]
     label = "tiny model, PP=2 x TP=2 SP vs PP=1 plain"
     stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, prompts, 40, label)
     assert stats["rows_spec"] > 0 and stats["drafts_dropped"] > 0
+    with open(trace) as f:
+        drafts = [i for line in f for i in json.loads(line)["ids"]]
+    print(f"{len(drafts)} drafts traced, the largest id {max(drafts)}")
+    assert len(drafts) > 100 and max(drafts) < TP_DRAFT_VOCAB
+    assert max(drafts) >= 24576  # rank 1's shard drafted too
 
 
 def test_retraction_under_memory_pressure_is_lossless(server_factory, tiny_model_dir):

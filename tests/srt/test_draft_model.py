@@ -24,6 +24,7 @@ import torch
 
 from spexis_sglang.srt import draft_artifact as da
 from spexis_sglang.srt import draft_model as dm
+from spexis_sglang.srt.config import ENV_CONFIG
 from spexis_sglang.srt.model_registry import install_model_classes
 
 TINY = dict(
@@ -215,10 +216,59 @@ def test_model_classes_keep_sglangs_forward_signature_and_register():
 
 
 # ------------------------------------------------------------------------------------------------
+# Drafting among part of the vocabulary (--spexis-draft-vocab), whole or split across TP ranks
+# ------------------------------------------------------------------------------------------------
+
+
+def _shard_parts(logits: torch.Tensor, shard_rows: int, draft_vocab: int) -> torch.Tensor:
+    """What each TP rank's ``_shard_drafts`` hands the others, from the whole ``logits``."""
+    parts = []
+    for first in range(0, logits.shape[1], shard_rows):
+        own = max(0, min(shard_rows, draft_vocab - first))
+        if own:
+            x = logits[:, first : first + own]
+            top, ids = x.max(dim=-1)
+            total = torch.exp(x - top[:, None]).sum(dim=-1)
+            parts.append(torch.stack((top, (ids + first).float(), total), dim=-1))
+        else:
+            none = torch.full((logits.shape[0],), float("-inf"))
+            parts.append(torch.stack((none, torch.zeros_like(none), torch.zeros_like(none)), -1))
+    return torch.stack(parts, dim=1)
+
+
+@pytest.mark.parametrize("draft_vocab", [300, 170, 100, 40])
+def test_drafts_combined_across_vocabulary_shards_equal_one_rank_s(draft_vocab):
+    """Three ranks of 100 ids: the draft and confidence over the first ``draft_vocab`` ids are
+    those of the logits cut there, whether every rank, some or one holds draft ids."""
+    gen = torch.Generator().manual_seed(draft_vocab)
+    logits = torch.randn(16, 300, generator=gen) * 4
+    want_ids, want_conf = dm.greedy_draft(logits[:, :draft_vocab])
+    ids, conf = dm.combine_shard_drafts(_shard_parts(logits, 100, draft_vocab))
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(conf, want_conf, rtol=1e-5, atol=0)
+    assert int(ids.max()) < draft_vocab
+    if draft_vocab < 300:  # the cut changed some drafts (else this test could not fail)
+        assert not torch.equal(want_ids, dm.greedy_draft(logits)[0])
+
+
+def test_a_row_its_grammar_masks_entirely_gets_confidence_zero():
+    """Within a draft vocabulary a grammar may forbid every id (only later ids allowed): the
+    row's draft is then rejected, never a NaN confidence in the ranking."""
+    logits = torch.randn(3, 10)
+    logits[1] = float("-inf")
+    ids, conf = dm.greedy_draft(logits)
+    assert float(conf[1]) == 0.0 and bool(torch.isfinite(conf).all())
+    assert float(conf[0]) > 0.1 and ids.dtype == torch.int64
+
+
+# ------------------------------------------------------------------------------------------------
 # End to end: a PP=2 server with the head
 # ------------------------------------------------------------------------------------------------
 
 NEW_TOKENS = 6
+# the served head drafts among the first DRAFT_VOCAB of the tiny model's 49152 ids
+# (--spexis-draft-vocab): the reference cuts its logits there too
+DRAFT_VOCAB = 30000
 
 
 @pytest.fixture(scope="module")
@@ -242,9 +292,10 @@ def head_server(tiny_model_dir, tmp_path_factory):
     from spexis_sglang.testing import ServerProcess
 
     trace = str(tmp_path_factory.mktemp("trace") / "drafts.jsonl")
+    config = json.dumps({"draft_vocab": DRAFT_VOCAB})
     server = ServerProcess(
         ["--model-path", tiny_model_dir, "--pp-size", "2", "--dtype", "float32"],
-        env={dm.ENV_DRAFT_HEAD: "random:0", dm.ENV_DRAFT_TRACE: trace},
+        env={dm.ENV_DRAFT_HEAD: "random:0", dm.ENV_DRAFT_TRACE: trace, ENV_CONFIG: config},
         module="spexis_sglang.draft_head_server",
         die_with_parent=True,
     )
@@ -307,6 +358,7 @@ def _near_tie(logits: torch.Tensor, a: int, b: int) -> bool:
 def test_head_grows_stage0_pool_and_keeps_ranks_mirrored(served):
     log = served["log"]
     assert "spexis draft head random:0: 1 attention layer(s) at KV layer ids 2..2" in log
+    assert f"drafting among {DRAFT_VOCAB} of 49152 token ids" in log
     assert "stage-0 KV pool holds 2 base + 1 draft-head layer(s), ids [0, 3)" in log
     caps = {
         rank: line.split("max_total_num_tokens=")[1].split(",")[0]
@@ -348,17 +400,22 @@ def test_drafts_equal_the_torch_reference_head(tiny_model_dir, served, hf_refere
     embed = model.get_input_embeddings().weight.float()
     assert served["cached"] >= len(served["prompts"][0]) - 1  # r3 hit r0's prefix
 
-    checked, modes, worst = 0, set(), 0.0
+    checked, modes, worst, outside = 0, set(), 0.0, 0
+
+    def wanted_rows(prompt):  # prefill's last token, then a decode row per new token but one
+        return range(len(prompt) - 1, len(prompt) + NEW_TOKENS - 1)
+
     for i, (prompt, out) in enumerate(zip(served["prompts"], served["outputs"])):
         hidden = refs[i][1]
         positions = torch.arange(hidden.shape[0])
         with torch.no_grad():
             z, _ = head(hidden[None], positions[None])
             logits = head.logits(z, embed)[0]
+        whole = models.greedy_with_confidence(logits)[0]
+        logits = logits[:, :DRAFT_VOCAB]
         ids, conf = models.greedy_with_confidence(logits)
-        # prefill's last token, then one decode row per new token but the last
-        wanted = range(len(prompt) - 1, len(prompt) + NEW_TOKENS - 1)
-        for pos in wanted:
+        outside += int((whole[list(wanted_rows(prompt))] >= DRAFT_VOCAB).sum())
+        for pos in wanted_rows(prompt):
             got_id, got_conf, mode = served["drafts"][(f"r{i}", pos)]
             modes.add(mode)
             if got_id != int(ids[pos]):
@@ -370,5 +427,8 @@ def test_drafts_equal_the_torch_reference_head(tiny_model_dir, served, hf_refere
             checked += 1
     assert checked == 4 * NEW_TOKENS
     print(f"{checked} drafts equal the reference; worst relative confidence error {worst:.2e}")
+    # the whole vocabulary's argmax was past the cut on some rows: the cut was applied
+    print(f"{outside} of them drafted past id {DRAFT_VOCAB} over the whole vocabulary")
+    assert outside >= 3
     assert modes == {"EXTEND", "DECODE"}
     assert all(0.0 < c <= 1.0 for _, c, _ in served["drafts"].values())

@@ -127,6 +127,18 @@ HEADS = os.path.join(ARTIFACTS_DIR, "smollm2-135m-instruct")
             + ["--spexis-length-predictor", "bundled", "--spexis-admission-pdr", "0"],
             "--spexis-admission-pdr must be > 0",
         ),
+        (
+            ["--pp-size", "2", "--spexis-draft-vocab", "1000"],
+            "--spexis-draft-vocab needs --spexis-draft-head",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-draft-vocab", "0"],
+            "--spexis-draft-vocab must be between 1 and the model's vocabulary (49152 ids), got 0",
+        ),
+        (
+            ["--pp-size", "2", "--spexis-draft-head", "random:0", "--spexis-draft-vocab=49153"],
+            "--spexis-draft-vocab must be between 1 and the model's vocabulary (49152 ids)",
+        ),
         (["--spexis-max-n", "0"], "--spexis-max-n must be >= 1, got 0"),
         (
             ["--spexis-max-request-sequences", "-1"],
@@ -318,6 +330,22 @@ def test_fixed_alpha_observes_every_kth_iteration(extra, expected, monkeypatch):
     assert cfg.alpha_observe == expected
     cfg.to_env()
     assert get_config().alpha_observe == expected
+
+
+@pytest.mark.parametrize("extra, expected", [([], None), (["4096"], 4096), (["49152"], None)])
+def test_draft_vocabulary_reaches_the_config(extra, expected, monkeypatch):
+    """``--spexis-draft-vocab K``; the whole vocabulary is the default, however given."""
+    from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
+    from spexis_sglang.srt.launch import prepare_server_args
+
+    for name in (ENV_CONFIG, ENV_DRAFT_HEAD):  # restored after the test
+        monkeypatch.setenv(name, "")
+    argv = ["--model-path", ensure_default_model(), "--pp-size", "2"]
+    flag = ["--spexis-draft-vocab", *extra] if extra else []
+    _, cfg = prepare_server_args(argv + ["--spexis-draft-head", "random:0", *flag])
+    assert cfg.draft_vocab == expected
+    cfg.to_env()
+    assert get_config().draft_vocab == expected
 
 
 def test_help_says_what_alpha_auto_does(capsys):

@@ -139,6 +139,8 @@ class SpexisConfig:
     float64: bool = False
     #: Constrained decoding: stage 0's draft head drafts only tokens the row's grammar allows.
     grammar_draft_mask: bool = True
+    #: The draft head drafts among the first this-many token ids only (None: all of them).
+    draft_vocab: Optional[int] = None
     #: The largest ``n`` one request may ask for (``request_checks``; every server).
     max_n: int = DEFAULT_MAX_N
     #: The most sequences (prompts x ``n``) one request may fan out to.

@@ -14,8 +14,14 @@ The forward is exactly ``spexis_sglang.models.draft_head.DraftHead``'s (same par
         x = x + self_attn(input_layernorm(x))
         x = post_attention_layernorm(x)   # only if an artifact has it (models' head has none)
     x = final_norm(x)                     # final_norm.weight
-    logits = x[last token of each sequence] @ embed_tokens.weight.T   # [:vocab_size]
+    logits = x[last token of each sequence] @ embed_tokens.weight[:K].T
     draft = argmax(logits), conf = max(softmax(logits)) (fp32)
+
+``K`` is the vocabulary, or the first ``K`` ids with ``--spexis-draft-vocab K``: the LM head is
+the head's largest read (a 128K-id vocabulary of 4096-wide rows is 1 GB in bf16, more than the
+head's other weights several times over), and a byte-pair tokenizer numbers the frequent tokens
+first. Under TP each rank scores the ids its shard holds and only the best id, its logit and
+the sum of exponentials cross ranks (:func:`combine_shard_drafts`).
 
 With constrained decoding, stage 0's scheduler may hand a decode batch's rows their grammar masks
 (``sp_grammar``): the forbidden logits are set to -inf before the argmax and the softmax.
@@ -57,7 +63,7 @@ from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.runtime_context import get_exec
 from torch import nn
 
-from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value
+from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value, get_config
 from spexis_sglang.srt.draft_artifact import (
     LAYER_PARAM_RE,
     DraftHeadError,
@@ -151,6 +157,9 @@ class SpexisDraftHead(nn.Module):
         )
         self.final_norm = RMSNorm(hidden, eps=config.rms_norm_eps) if spec.final_norm else None
         self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        draft_vocab = get_config().draft_vocab
+        self.draft_vocab = min(draft_vocab or self.vocab_size, self.vocab_size)
         # Like SGLang's LogitsProcessor: model dtype unless --enable-fp32-lm-head.
         self.fp32_lm_head = bool(get_exec().features.enable_fp32_lm_head)
 
@@ -202,20 +211,68 @@ class SpexisDraftHead(nn.Module):
             last = torch.arange(x.shape[0], device=x.device)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        if self.fp32_lm_head:
-            logits = torch.matmul(x.float(), lm_head_weight.float().T)
-        else:
-            logits = torch.matmul(x.to(lm_head_weight.dtype), lm_head_weight.T)
+        draft_mask = None if mode.is_extend() else draft_mask_of(forward_batch)
+        if self.tp_size > 1 and self.draft_vocab < self.vocab_size and draft_mask is None:
+            ids, conf = self._shard_drafts(x, lm_head_weight)
+            return ids, conf, last
+        vocab = self.vocab_size if self.tp_size > 1 else self.draft_vocab
+        logits = self._logits(x, lm_head_weight[:vocab])
         if self.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)
-        logits = logits[:, : self.vocab_size].float()
-        if not mode.is_extend():
-            draft_mask = draft_mask_of(forward_batch)
-            if draft_mask is not None:  # constrained decoding: draft what the grammar allows
-                draft_mask.apply(logits)
-        top, ids = logits.max(dim=-1)
-        conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
-        return ids.to(torch.int64), conf.to(torch.float32), last
+        logits = logits[:, : self.draft_vocab].float()
+        if draft_mask is not None:  # constrained decoding: draft what the grammar allows
+            draft_mask.apply(logits)  # (the mask's first ``draft_vocab`` ids)
+        ids, conf = greedy_draft(logits)
+        return ids, conf, last
+
+    def _logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fp32_lm_head:
+            return torch.matmul(x.float(), weight.float().T)
+        return torch.matmul(x.to(weight.dtype), weight.T)
+
+    def _shard_drafts(
+        self, x: torch.Tensor, shard: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``--spexis-draft-vocab`` under TP: each rank scores the draft ids its vocabulary
+        shard holds (rank r holds ids ``[r * rows, (r + 1) * rows)``), and the ranks exchange
+        only their best id, its logit and their sum of ``exp(logit - best)``."""
+        rows = shard.shape[0]
+        first = self.tp_rank * rows
+        own = max(0, min(rows, self.draft_vocab - first))
+        if own:
+            logits = self._logits(x, shard[:own]).float()
+            top, ids = logits.max(dim=-1)
+            total = torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
+            ids = (ids + first).float()
+        else:  # none of the draft ids is on this rank
+            top = torch.full((x.shape[0],), float("-inf"), device=x.device)
+            ids, total = torch.zeros_like(top), torch.zeros_like(top)
+        part = torch.stack((top, ids, total), dim=-1)  # fp32: ids < 2**24 are exact
+        parts = tensor_model_parallel_all_gather(part, dim=-1)
+        return combine_shard_drafts(parts.view(x.shape[0], self.tp_size, 3))
+
+
+def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Draft id (int64) and its softmax probability (fp32) per row of fp32 ``logits``; a row
+    a grammar masked entirely (possible only within ``--spexis-draft-vocab``) gets
+    confidence 0 (its draft is rejected)."""
+    top, ids = logits.max(dim=-1)
+    conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
+    conf = torch.where(torch.isfinite(top), conf, torch.zeros_like(conf))
+    return ids.to(torch.int64), conf.to(torch.float32)
+
+
+def combine_shard_drafts(parts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``greedy_draft`` over a vocabulary split across ranks, from each rank's part
+    ``[rows, ranks, 3]``: its best logit, that id and its sum of ``exp(logit - best)``
+    (``-inf``, any, 0 for a rank that holds none of the ids). The same id and confidence as
+    over the whole logits (ties: the lowest id, as ``max`` takes)."""
+    tops, ids, totals = parts.unbind(-1)
+    top, rank = tops.max(dim=-1)
+    scale = torch.where(torch.isfinite(tops), torch.exp(tops - top.unsqueeze(-1)), 0.0)
+    conf = 1.0 / (totals * scale).sum(dim=-1)
+    ids = ids.gather(-1, rank.unsqueeze(-1)).squeeze(-1)
+    return ids.to(torch.int64), conf.to(torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,18 +303,18 @@ class _SpexisDraftMixin:
             self.config, spec, first_layer_id=end_layer, prefix="spexis_draft_head"
         )
         self._spexis_pending_weights = spec.weights
-        from spexis_sglang.srt.config import get_config
-
         self._spexis_length_path = get_config().length_predictor
         logger.info(
             "spexis draft head %s: %d attention layer(s) at KV layer ids %d..%d after stage 0's "
-            "layers [%d, %d)",
+            "layers [%d, %d), drafting among %d of %d token ids",
             spec.source,
             spec.num_layers,
             end_layer,
             end_layer + spec.num_layers - 1,
             int(self.model.start_layer),
             end_layer,
+            self.spexis_draft_head.draft_vocab,
+            self.spexis_draft_head.vocab_size,
         )
 
     @property
@@ -417,6 +474,8 @@ __all__: List[str] = [
     "SpexisLlamaForCausalLM",
     "SpexisQwen2ForCausalLM",
     "SpexisQwen3ForCausalLM",
+    "combine_shard_drafts",
     "draft_num_layers",
+    "greedy_draft",
     "with_draft_head",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_EXPLORE,
@@ -86,6 +86,8 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
                 "--spexis-length-predictor needs --spexis-draft-head (it runs beside the "
                 "draft head on stage 0)"
             )
+        if args.spexis_draft_vocab is not None:
+            raise LaunchError("--spexis-draft-vocab needs --spexis-draft-head (no drafts are made)")
         return SpexisConfig(
             log_interval=args.spexis_log_interval, float64=args.spexis_float64, **limits
         )
@@ -140,6 +142,7 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         path = _artifact_dir(head, f"--spexis-draft-head {head!r}")
         check_draft_head_artifact(path, server_args)
         head = path
+    draft_vocab = _draft_vocab(args.spexis_draft_vocab, server_args)
     theta = args.spexis_benchmark_force_accept
     if theta is not None:
         if not 0.0 <= theta <= 1.0:
@@ -170,8 +173,24 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
         admission_pdr=args.spexis_admission_pdr,
         float64=args.spexis_float64,
         grammar_draft_mask=args.spexis_grammar_draft_mask,
+        draft_vocab=draft_vocab,
         **limits,
     )
+
+
+def _draft_vocab(k: Optional[int], server_args) -> Optional[int]:
+    """``--spexis-draft-vocab``: at least 1 and at most the model's vocabulary (None: all)."""
+    if k is None:
+        return None
+    try:
+        config = read_model_config(server_args.model_path)
+    except FileNotFoundError:  # SGLang's own loader says so later
+        config = {}
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if k < 1 or (vocab is not None and k > int(vocab)):
+        bound = f"the model's vocabulary ({vocab} ids)" if vocab is not None else "the vocabulary"
+        raise LaunchError(f"--spexis-draft-vocab must be between 1 and {bound}, got {k}")
+    return None if vocab is not None and k == int(vocab) else k
 
 
 def request_limits_from_args(args: argparse.Namespace, server_args) -> dict:

@@ -256,6 +256,18 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "(t_prefill / t_decode of one iteration). Default: 2.",
     )
     group.add_argument(
+        "--spexis-draft-vocab",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Stage 0's draft head drafts among the first K token ids only (a byte-pair "
+        "tokenizer numbers its tokens roughly from the most frequent): its LM head reads K "
+        "rows of the embedding instead of the whole vocabulary, which at a large vocabulary "
+        "is a sizeable part of stage 0's time (Llama-3's 128K ids: ~1 GB a forward). A token "
+        "outside the K cannot be drafted, so its row is rejected; outputs are unchanged. "
+        "docs/your-model.md has the acceptance against K. Default: the whole vocabulary.",
+    )
+    group.add_argument(
         "--spexis-no-grammar-draft-mask",
         dest="spexis_grammar_draft_mask",
         action="store_false",
