@@ -100,6 +100,7 @@ def plan_configs(
     kinds: List[str],
     measured_theta: Optional[float] = None,
     old_python: Optional[str] = None,
+    draft_vocab: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Every configuration: name, GPUs needed, launch args, how to read its latency.
 
@@ -183,7 +184,16 @@ def plan_configs(
                     python_path=old_python,
                 )
             )
+    if draft_vocab is not None:  # each SP server again, drafting among the first K ids
+        out += [_with_draft_vocab(c, draft_vocab) for c in out if c["kind"] == "sp"]
     return out
+
+
+def _with_draft_vocab(cfg: Dict[str, Any], k: int) -> Dict[str, Any]:
+    suffix = f"_draftvocab{k}"
+    variants = [{**v, "name": v["name"] + suffix} for v in cfg.get("variants", [])]
+    args = cfg["args"] + ["--spexis-draft-vocab", str(k)]
+    return {**cfg, "name": cfg["name"] + suffix, "args": args, "variants": variants}
 
 
 def count_gpus() -> int:
@@ -893,6 +903,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help="another copy of the package's python/ dir for kind spold (a before / after)",
     )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="run each SP configuration twice: as given and with --spexis-draft-vocab K",
+    )
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--short-output-len", type=int, default=16)
@@ -1000,7 +1016,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.stages == "auto"
         else sorted({int(x) for x in a.stages.split(",")})
     )
-    cfgs = plan_configs(stages, a.thetas, a.kinds, a.measured_theta, a.old_python)
+    cfgs = plan_configs(stages, a.thetas, a.kinds, a.measured_theta, a.old_python, a.draft_vocab)
     os.makedirs(a.out, exist_ok=True)
     log_dir = os.path.join("/tmp", f"spexis-decode-logs-{os.getpid()}")
     os.makedirs(log_dir, exist_ok=True)

@@ -93,6 +93,27 @@ def test_stock_pp_runs_both_micro_batch_caps_and_its_async_variant_after_sp():
         assert cfg["variants"][1]["name"] == cfg["name"] + "_balanced"
 
 
+def test_draft_vocabulary_runs_each_sp_server_again_with_the_flag():
+    cfgs = decode_throughput.plan_configs(
+        [2], [0.76, 0.6], ["pp", "sp", "spauto"], draft_vocab=32768
+    )
+    names = [c["name"] for c in cfgs]
+    assert names == [
+        "sglang_pp2",
+        "spexis_sp2",
+        "spexis_sp2_alphaauto",
+        "spexis_sp2_draftvocab32768",
+        "spexis_sp2_alphaauto_draftvocab32768",
+    ]
+    plain, again = cfgs[2], cfgs[4]
+    assert again["args"] == plain["args"] + ["--spexis-draft-vocab", "32768"]
+    assert [v["name"] for v in again["variants"]] == [
+        "spexis_sp2_alphaauto_theta0.76_draftvocab32768",
+        "spexis_sp2_alphaauto_theta0.6_draftvocab32768",
+    ]
+    assert again.get("alpha_auto") and "--spexis-draft-vocab" not in cfgs[0]["args"]
+
+
 class _FakeServer:
     def __init__(self, reply):
         self.reply, self.sent = reply, []
