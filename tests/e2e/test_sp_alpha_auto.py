@@ -27,11 +27,11 @@ AUTO = ["--spexis-alpha", "auto", "--spexis-alpha-interval", "10", "--enable-met
 
 
 def test_alpha_auto_greedy_equals_plain_and_alpha_is_reported(server_factory, model_dir):
-    prompts = lossless_prompts(model_dir, 12)
-    expected = server_factory(BASELINE).greedy_ids(prompts, 48)
+    prompts = lossless_prompts(model_dir, 8)
+    expected = server_factory(BASELINE).greedy_ids(prompts, 40)
     # the benchmarks' timers: the later stage logs its state on each /server_info
     sp_server = server_factory(sp_args(2, "bundled", *AUTO), env={"SPEXIS_PHASE_TIMERS": "1"})
-    got = sp_server.greedy_ids(prompts, 48)
+    got = sp_server.greedy_ids(prompts, 40)
     cmp = compare_outputs(model_dir, prompts, expected, got)
     print("default model, PP=2 SP alpha auto vs PP=1 plain:", cmp.summary())
 
