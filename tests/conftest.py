@@ -62,9 +62,30 @@ def pytest_testnodedown(node, error):
     add_launches(node.config, getattr(node, "workeroutput", {}).get("spexis_launches", {}))
 
 
+# worker -> group -> seconds of test phases (setup, call, teardown) it ran: what balancing the
+# end-to-end groups over the workers needs to know (the slowest worker is the suite's time)
+_worker_seconds: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    """(pytest-xdist, on the controller) a test phase's time, by worker and group."""
+    node = getattr(report, "node", None)
+    gateway = getattr(node, "gateway", None)
+    if gateway is None:
+        return
+    group = report.nodeid.rpartition("@")[2] if "@e2e-" in report.nodeid else "unit"
+    by_group = _worker_seconds.setdefault(gateway.id, {})
+    by_group[group] = by_group.get(group, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
     launches = terminalreporter.config.spexis_launches
     if launches:
         terminalreporter.write_sep("-", f"{sum(launches.values())} server launches")
         for name, n in sorted(launches.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{n:3d}  {name}")
+    if _worker_seconds:
+        terminalreporter.write_sep("-", "test time by worker")
+        for worker, groups in sorted(_worker_seconds.items()):
+            parts = ", ".join(f"{g} {t:.0f} s" for g, t in sorted(groups.items()))
+            terminalreporter.write_line(f"{worker}: {sum(groups.values()):.0f} s ({parts})")
