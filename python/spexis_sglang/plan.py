@@ -22,6 +22,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "costs from its phase timers on the emulated two-GPU box) or the earlier one (serial: "
         "host phases on the critical path). Default: %(default)s",
     )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="K",
+        help="SP's draft head drafts among the first K token ids (--spexis-draft-vocab), "
+        "which shortens stage 0 (default: the whole vocabulary)",
+    )
     p.add_argument("--calibration", default=None, help="another calibration.json")
     p.add_argument(
         "--alpha-model",
@@ -158,8 +167,15 @@ def _main_simulate(args) -> int:
 
         cal = load_calibration(args.calibration)
         shape = load_model_shape(args.model)
+        if args.draft_vocab is not None:
+            if not 1 <= args.draft_vocab <= shape.vocab_size:
+                raise ValueError(
+                    f"--draft-vocab must be between 1 and the model's vocabulary "
+                    f"({shape.vocab_size} ids), got {args.draft_vocab}"
+                )
+            shape = dataclasses.replace(shape, draft_vocab=args.draft_vocab)
         rows = rank_deployments(
-            args.model,
+            shape,
             args.system,
             args.gpus,
             theta=args.theta,
@@ -177,8 +193,9 @@ def _main_simulate(args) -> int:
     sc = cal.system(args.system)
     err = sc.error_bar + (0.10 if args.loop == "overlap" else 0.0)
     bridge = bridge_for(args.system)
+    drafts = "" if shape.draft_vocab is None else f", drafting among {shape.draft_vocab} ids"
     print(
-        f"model: {shape.name} ({shape.num_layers} layers, hidden {shape.hidden_size}); "
+        f"model: {shape.name} ({shape.num_layers} layers, hidden {shape.hidden_size}{drafts}); "
         f"system: {args.system} x {args.gpus} (AIConfigurator sglang {bridge.version} tables, "
         f"NVLink {bridge.link().bandwidth_Bps / 1e9:.0f} GB/s); CUDA graphs on"
     )

@@ -6,6 +6,7 @@ it): skipped, with the reason, where ``aiconfigurator_core`` is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -99,6 +100,29 @@ def test_tables_grow_with_batch_and_context_and_tp_adds_allreduce(tables):
     assert "draft_head" in t1.breakdown(p0, 8, 128) and "lm_head" not in t1.breakdown(p0, 8, 128)
     assert "lm_head" in t1.breakdown(p1, 8, 128)
     assert t1.stage_time(p0, 8, 128, "prefill") > 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_draft_vocabulary_prices_a_shorter_draft_head_only(small, bridge, tables, tp):
+    """``--spexis-draft-vocab``: the draft head scores fewer ids (under TP the rank with the
+    most of them, and the ranks exchange their best only); nothing else changes."""
+    m = dataclasses.replace(load_model_shape(str(small)), draft_vocab=4000)
+    cut = bridge.stage_costs(m, tp, rows=ROWS, ctx=CTX, prefill_tokens=(256,), prefill_ctx=(256,))
+    whole = tables[tp]
+    for rows in (8, 64):
+        assert cut.decode["draft_head"](rows, 128) < 0.9 * whole.decode["draft_head"](rows, 128)
+        for c in ("gemm", "attention", "lm_head", "sampling"):
+            assert cut.decode[c](rows, 128) == whole.decode[c](rows, 128), c
+
+
+def test_plan_cli_prices_a_draft_vocabulary_and_refuses_a_bad_one(small, capsys):
+    args = ["--model", str(small), "--system", "h200_sxm", "--gpus", "2", "--alphas"]
+    assert main([*args, "--draft-vocab", "8000"]) == 0
+    assert "drafting among 8000 ids" in capsys.readouterr().out
+    assert main([*args, "--draft-vocab", "32001"]) == 2
+    assert "--draft-vocab must be between 1 and the model's vocabulary (32000 ids), got 32001" in (
+        capsys.readouterr().err
+    )
 
 
 def test_link_and_memory_from_the_node_model(bridge):

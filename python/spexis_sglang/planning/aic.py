@@ -109,6 +109,8 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     qk_norm: bool = False
+    #: the draft head drafts among the first this-many ids (``--spexis-draft-vocab``; None: all)
+    draft_vocab: Optional[int] = None
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> "ModelShape":
@@ -245,6 +247,23 @@ class AICBridge:
                 return []
             return [ops.NCCL(f"{p}_{name}", 1, "all_gather", m.vocab_size // tp, tp, cq)]
 
+        def draft_logits():
+            if m.draft_vocab is None:  # every id: the logits gathered, the softmax over all
+                return [
+                    ops.GEMM(f"{p}_draft_logits_gemm", 1, vocab, h, gq),
+                    *logits_gather("draft_logits_gather"),
+                    ops.ElementWise(f"{p}_draft_softmax", 1, 11 * m.vocab_size, 1, 0.8),
+                ]
+            # the first draft_vocab ids: the rank holding most of them scores its share, and
+            # the ranks exchange their best id, its logit and their sum of exponentials
+            ids = min(m.draft_vocab, vocab)
+            exchange = [ops.NCCL(f"{p}_draft_best_gather", 1, "all_gather", 3, tp, cq)]
+            return [
+                ops.GEMM(f"{p}_draft_logits_gemm", 1, ids, h, gq),
+                *(exchange if tp > 1 else []),
+                ops.ElementWise(f"{p}_draft_softmax", 1, 11 * ids, 1, 0.8),
+            ]
+
         qkv_n = nh * d + 2 * nkv * d
         out = {
             "gemm": [
@@ -277,9 +296,7 @@ class AICBridge:
                 ops.GEMM(f"{p}_draft_proj_gemm", 1, h, nh * d, gq, low_precision_input=True),
                 *ar("draft_ar"),
                 ops.ElementWise(f"{p}_draft_final_norm", 1, 2 * h, h, 0.8),
-                ops.GEMM(f"{p}_draft_logits_gemm", 1, vocab, h, gq),
-                *logits_gather("draft_logits_gather"),
-                ops.ElementWise(f"{p}_draft_softmax", 1, 11 * m.vocab_size, 1, 0.8),
+                *draft_logits(),
             ],
             "length_predictor": [
                 ops.GEMM(f"{p}_lp_fc1", 1, LENGTH_PREDICTOR_HIDDEN, h, gq),

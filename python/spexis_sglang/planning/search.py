@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -157,7 +157,7 @@ def _acceptance(cal: Calibration, theta: float) -> AcceptanceModel:
 
 
 def rank_deployments(
-    model: str,
+    model: Union[str, ModelShape],
     system: str,
     gpus: int,
     theta: float = 0.76,
@@ -173,7 +173,7 @@ def rank_deployments(
 ) -> list[PlanRow]:
     """Simulate every deployment of ``model`` on ``gpus`` GPUs of ``system``; best first."""
     cal = calibration or load_calibration()
-    shape = load_model_shape(model)
+    shape = model if isinstance(model, ModelShape) else load_model_shape(model)
     bridge = bridge_for(system)
     if gpus > bridge.gpus_per_node:
         raise ValueError(f"{system} has {bridge.gpus_per_node} GPUs per node; got --gpus {gpus}")
