@@ -30,7 +30,7 @@ ARCHITECTURES = {"qwen2": "qwen2", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral
 def test_pp2_sp_equals_plain_sglang(architecture, server_factory, tmp_path_factory):
     model_dir = make_tiny_model(str(tmp_path_factory.mktemp(architecture)), architecture)
     prompts = templated(
-        model_dir, [f"Note {i}: list the {i + 2} rivers that cross the old town." for i in range(6)]
+        model_dir, [f"Note {i}: list the {i + 2} rivers that cross the old town." for i in range(4)]
     )
     env = model_modules_env(ARCHITECTURES[architecture])
     common = ["--model-path", model_dir, "--dtype", "float32"]

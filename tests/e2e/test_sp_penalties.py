@@ -82,9 +82,9 @@ def _parts(model_dir: str) -> Dict[str, Tuple[List[List[int]], List[dict]]]:
     """name -> (prompts, per-request sampling parameters)."""
     greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}
     prompts = lossless_prompts(model_dir, 8)
-    short = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 4)
+    short = templated(model_dir, SHORT_ANSWERS) + lossless_prompts(model_dir, 2)
     reasoning = templated(model_dir, ["Repeat exactly: </think> done.", *SHORT_ANSWERS[:2]])
-    reasoning += lossless_prompts(model_dir, 4)
+    reasoning += lossless_prompts(model_dir, 2)
     penalised = prompts[:PENALISED]
     return {
         "penalties": (
