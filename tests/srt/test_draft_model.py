@@ -261,6 +261,28 @@ def test_a_row_its_grammar_masks_entirely_gets_confidence_zero():
     assert float(conf[0]) > 0.1 and ids.dtype == torch.int64
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_grammar_mask_applies_to_the_draft_vocabulary_s_ids(dtype):
+    """The head masks logits over its first ``draft_vocab`` ids with the grammar's
+    whole-vocabulary bitmask (the CPU kernel and, for float64, xgrammar's torch path): a row
+    may draft only an allowed id below the cut; one whose allowed ids all lie past it drafts
+    with confidence 0."""
+    from spexis_sglang.cpu_support.grammar import apply_token_bitmask_cpu
+
+    vocab, cut = 49152, 30000
+    allowed = {0: [5, 40000], 1: [40000], 2: list(range(cut))}
+    mask = torch.zeros((3, (vocab + 31) // 32), dtype=torch.int32)
+    for row, ids in allowed.items():
+        for i in ids:
+            mask[row, i // 32] |= 1 << (i % 32) if i % 32 < 31 else -(1 << 31)
+    logits = torch.randn(3, cut, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    apply_token_bitmask_cpu(logits, mask)
+    ids, conf = dm.greedy_draft(logits.float())
+    assert int(ids[0]) == 5 and float(conf[0]) == 1.0
+    assert float(conf[1]) == 0.0
+    assert bool(torch.isfinite(logits[2]).all()) and 0.0 < float(conf[2]) < 1.0
+
+
 # ------------------------------------------------------------------------------------------------
 # End to end: a PP=2 server with the head
 # ------------------------------------------------------------------------------------------------
