@@ -221,18 +221,15 @@ def test_model_classes_keep_sglangs_forward_signature_and_register():
 
 
 def _shard_parts(logits: torch.Tensor, shard_rows: int, draft_vocab: int) -> torch.Tensor:
-    """What each TP rank's ``_shard_drafts`` hands the others, from the whole ``logits``."""
-    parts = []
-    for first in range(0, logits.shape[1], shard_rows):
-        own = max(0, min(shard_rows, draft_vocab - first))
-        if own:
-            x = logits[:, first : first + own]
-            top, ids = x.max(dim=-1)
-            total = torch.exp(x - top[:, None]).sum(dim=-1)
-            parts.append(torch.stack((top, (ids + first).float(), total), dim=-1))
-        else:
-            none = torch.full((logits.shape[0],), float("-inf"))
-            parts.append(torch.stack((none, torch.zeros_like(none), torch.zeros_like(none)), -1))
+    """What each TP rank hands the others (``shard_draft_part`` of the draft ids its shard of
+    ``shard_rows`` holds), from the whole ``logits``."""
+    firsts = range(0, logits.shape[1], shard_rows)
+    parts = [
+        dm.shard_draft_part(
+            logits[:, first : max(first, min(first + shard_rows, draft_vocab))], first
+        )
+        for first in firsts
+    ]
     return torch.stack(parts, dim=1)
 
 

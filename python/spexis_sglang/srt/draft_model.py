@@ -241,13 +241,9 @@ class SpexisDraftHead(nn.Module):
         own = max(0, min(rows, self.draft_vocab - first))
         if own:
             logits = self._logits(x, shard[:own]).float()
-            top, ids = logits.max(dim=-1)
-            total = torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
-            ids = (ids + first).float()
-        else:  # none of the draft ids is on this rank
-            top = torch.full((x.shape[0],), float("-inf"), device=x.device)
-            ids, total = torch.zeros_like(top), torch.zeros_like(top)
-        part = torch.stack((top, ids, total), dim=-1)  # fp32: ids < 2**24 are exact
+        else:  # none of the draft ids is on this rank: no GEMM
+            logits = x.new_zeros((x.shape[0], 0), dtype=torch.float32)
+        part = shard_draft_part(logits, first)
         parts = tensor_model_parallel_all_gather(part, dim=-1)
         return combine_shard_drafts(parts.view(x.shape[0], self.tp_size, 3))
 
@@ -260,6 +256,18 @@ def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     conf = 1.0 / torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
     conf = torch.where(torch.isfinite(top), conf, torch.zeros_like(conf))
     return ids.to(torch.int64), conf.to(torch.float32)
+
+
+def shard_draft_part(logits: torch.Tensor, first: int) -> torch.Tensor:
+    """One rank's part for :func:`combine_shard_drafts` (``[rows, 3]`` fp32; ids < 2**24 are
+    exact) from its fp32 ``logits`` of the draft ids ``first, first + 1, ...`` it holds (none:
+    ``-inf``, 0, 0)."""
+    if logits.shape[-1] == 0:
+        top = torch.full(logits.shape[:-1], float("-inf"), device=logits.device)
+        return torch.stack((top, torch.zeros_like(top), torch.zeros_like(top)), dim=-1)
+    top, ids = logits.max(dim=-1)
+    total = torch.exp(logits - top.unsqueeze(-1)).sum(dim=-1)
+    return torch.stack((top, (ids + first).float(), total), dim=-1)
 
 
 def combine_shard_drafts(parts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -477,5 +485,6 @@ __all__: List[str] = [
     "combine_shard_drafts",
     "draft_num_layers",
     "greedy_draft",
+    "shard_draft_part",
     "with_draft_head",
 ]
