@@ -130,7 +130,10 @@ def room_to_start():
 def start_server(args: List[str], env: Optional[Dict[str, str]] = None) -> ServerProcess:
     """A new test server (exact mode, the suite's environment), started once there is room."""
     with room_to_start():
-        return ServerProcess(exact(args), env=server_env(env), die_with_parent=True).wait_ready()
+        server = ServerProcess(
+            exact(args), env=server_env(env), die_with_parent=True, preloaded=True
+        )
+        return server.wait_ready()
 
 
 # With pytest-xdist (``make test``: two workers) the end-to-end files run in two groups, each on

@@ -30,10 +30,10 @@ def test_sp_over_two_nodes_equals_plain(server_factory, model_dir, trained_head)
         with room_to_start():
             # no HTTP API: stage 1 only
             node1 = ServerProcess(
-                args + ["--node-rank", "1"], env=server_env(), die_with_parent=True
+                args + ["--node-rank", "1"], env=server_env(), die_with_parent=True, preloaded=True
             )
             node0 = ServerProcess(
-                args + ["--node-rank", "0"], env=server_env(), die_with_parent=True
+                args + ["--node-rank", "0"], env=server_env(), die_with_parent=True, preloaded=True
             ).wait_ready()
         got = node0.greedy_ids(prompts, 32)
         stats = spexis_stats(node0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -82,3 +83,96 @@ def test_ready_when_sglang_logs_its_warm_up_done_and_stops_skip_crash_dumps(tmp_
         server.stop()
     assert not server.alive()
     assert "pyspy dump: 0" in server.log_tail()
+
+
+FORKED_SERVER = """
+import os, random, sys
+print("args", sys.argv[1:], "mode", os.environ.get("MODE"), "draw", random.random(), flush=True)
+print("disabled", os.environ.get("SGLANG_DISABLED_MODEL_ARCHS"), flush=True)
+print("[2026-01-01 00:00:00] The server is fired up and ready to roll!", flush=True)
+if os.environ.get("MODE") == "exit":
+    sys.exit(int(sys.argv[-1]))
+if os.environ.get("MODE") == "message":
+    sys.exit("refused: bad flag")
+import time
+time.sleep(60)
+"""
+
+
+def _stub_env(tmp_path, **extra) -> dict:
+    (tmp_path / "forked_server.py").write_text(FORKED_SERVER)
+    path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def test_a_preloaded_launcher_forks_servers_that_run_as_python_m(tmp_path):
+    """Each server is a fork of the launcher running ``python -m module args``: its own
+    arguments and log, exit status as subprocess reports it (an int, a message to stderr and
+    1), Python's random state drawn anew (the launcher's copy would repeat in every fork), its
+    own value of a variable no preloaded module reads (SGLang's model registry is not among
+    them); any other variable must equal the launcher's."""
+    from spexis_sglang.preloaded_launcher import PreloadedLauncher
+
+    env = _stub_env(tmp_path, MODE="exit")
+    launcher = PreloadedLauncher(env, modules=["json"])
+    try:
+        assert launcher.late_read == {"SGLANG_DISABLED_MODEL_ARCHS"}
+        own = {**env, "SGLANG_DISABLED_MODEL_ARCHS": "gemma3,qwen2"}
+        assert launcher.serves(own, os.getcwd())
+        assert not launcher.serves(_stub_env(tmp_path, MODE="other"), os.getcwd())
+        assert not launcher.serves(env, str(tmp_path))
+        logs, procs = [], []
+        for code in (3, 0):
+            logs.append(tmp_path / f"server{code}.log")
+            procs.append(
+                launcher.start("forked_server", ["--x", str(code)], str(logs[-1]), env=own)
+            )
+        assert [p.wait(timeout=30) for p in procs] == [3, 0]
+        texts = [log.read_text() for log in logs]
+        assert "args ['--x', '3'] mode exit" in texts[0] and "args ['--x', '0']" in texts[1]
+        assert "disabled gemma3,qwen2" in texts[0]
+        draws = [t.split("draw ")[1].split()[0] for t in texts]
+        assert draws[0] != draws[1]
+    finally:
+        launcher.close()
+    message = PreloadedLauncher(_stub_env(tmp_path, MODE="message"), modules=[])
+    try:
+        log = tmp_path / "message.log"
+        assert message.start("forked_server", [], str(log)).wait(timeout=30) == 1
+        assert "refused: bad flag" in log.read_text()
+    finally:
+        message.close()
+
+
+def test_server_process_forks_from_the_preloaded_launcher_when_its_environment_matches(
+    tmp_path, monkeypatch
+):
+    """A ``preloaded`` server with the launcher's environment is its child and stops like a
+    started one; one whose environment differs starts as a new process; closing the launcher
+    (its test process ending) stops the servers it forked."""
+    import psutil
+
+    from spexis_sglang import testing
+    from spexis_sglang.preloaded_launcher import PreloadedLauncher
+
+    for key in ("PYTHONPATH", "MODE"):
+        monkeypatch.setenv(key, _stub_env(tmp_path, MODE="serve")[key])
+    launcher = PreloadedLauncher({**testing.QUIET_SHUTDOWN_ENV, **os.environ}, modules=[])
+    monkeypatch.setattr(testing, "_launcher", launcher)
+    try:
+        forked = ServerProcess([], module="forked_server", die_with_parent=True, preloaded=True)
+        other = ServerProcess(
+            [], env={"MODE": "other"}, module="forked_server", die_with_parent=True, preloaded=True
+        )
+        for server in (forked, other):
+            server.wait_ready(timeout=30)
+        assert psutil.Process(forked.proc.pid).ppid() == launcher.pid
+        assert psutil.Process(other.proc.pid).ppid() == os.getpid()
+        other.stop()
+        forked.stop()
+        assert not forked.alive() and forked.proc.returncode == -signal.SIGTERM
+        left = ServerProcess([], module="forked_server", die_with_parent=True, preloaded=True)
+        left.wait_ready(timeout=30)
+    finally:
+        launcher.close()
+    assert not psutil.pid_exists(left.proc.pid)
