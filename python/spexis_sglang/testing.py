@@ -169,10 +169,10 @@ class ServerProcess:
         (Linux): the server is sent SIGTERM, which stops its whole tree, when the process that
         started it dies, even by SIGKILL (a test run killed by a timeout leaves no server
         behind); the starting thread must live as long as the server. ``preloaded`` (with
-        ``die_with_parent``): forked from this process's
-        preloaded launcher (:mod:`spexis_sglang.preloaded_launcher`, started by the first such
-        server, ~8 s of CPU less per start) when the server's environment and working
-        directory are the launcher's; a new process otherwise."""
+        ``die_with_parent``): forked from this process's preloaded launcher
+        (:mod:`spexis_sglang.preloaded_launcher`, started by the first such server; ~8 s of
+        CPU less per start) when the server's environment and working directory are the
+        launcher's; a new process otherwise."""
         # SPEXIS_TEST_SERVER_ARGS: appended to every server, e.g. the GPU machine's required
         # flags when the end-to-end suite runs there (benchmark/gpu/README.md).
         self.args = list(args) + shlex.split(os.environ.get(ENV_TEST_SERVER_ARGS, ""))
