@@ -40,6 +40,8 @@ import time
 import traceback
 from typing import Dict, List, Optional
 
+import psutil
+
 # what ``python -m spexis_sglang.launch_server`` imports before it reads its arguments
 SERVER_MODULES = ("sglang.srt.entrypoints.http_server", "spexis_sglang.srt.launch")
 # environment variables a forked server may have of its own: read only by modules the launcher
@@ -164,7 +166,7 @@ class ForkedProcess:
             try:
                 self.returncode = self._launcher.returncode(self.pid)
             except LauncherGone:  # its servers got SIGTERM with it
-                self.returncode = -signal.SIGTERM if not _running(self.pid) else None
+                self.returncode = -signal.SIGTERM if not psutil.pid_exists(self.pid) else None
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
@@ -176,20 +178,11 @@ class ForkedProcess:
         return self.returncode
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ------------------------------------------------------------------------------ the launcher
 
 
-def _die_with_parent() -> None:
+def terminate_with_parent() -> None:
+    """In a child process (Linux): SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -207,7 +200,7 @@ def _run_server(request: dict, close_fds: List[int]) -> None:
             os.setsid()
         else:
             os.setpgid(0, 0)
-        _die_with_parent()
+        terminate_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)  # the launcher's stdin is the request pipe

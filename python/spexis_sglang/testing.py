@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 import requests
 
+from spexis_sglang.preloaded_launcher import PreloadedLauncher, terminate_with_parent
 from spexis_sglang.srt.config import ENV_TEST_SERVER_ARGS
 
 # HTTP ports are picked below Linux's ephemeral range (32768+): while a server loads, SGLang's
@@ -115,14 +116,6 @@ def exact_test_args() -> List[str]:
     return [] if cuda_available() else ["--spexis-float64"]
 
 
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 # this process's preloaded launcher: made for the environment of the first server that asks
 # for one (a test suite's servers nearly all share theirs), kept until the process exits
 _launcher = None
@@ -132,8 +125,6 @@ _launcher_lock = threading.Lock()
 def _preloaded_launcher(env: Dict[str, str]):
     """The preloaded launcher that can fork a server with ``env`` here, or None."""
     global _launcher
-    from spexis_sglang.preloaded_launcher import PreloadedLauncher
-
     with _launcher_lock:
         if _launcher is None:
             stderr = tempfile.mktemp(prefix=f"spexis-preloaded-{os.getpid()}-", suffix=".log")
@@ -216,7 +207,7 @@ class ServerProcess:
             return
         session = {"start_new_session": True} if self._new_session else {"process_group": 0}
         if self._die_with_parent and sys.platform.startswith("linux"):
-            session["preexec_fn"] = _terminate_with_parent
+            session["preexec_fn"] = terminate_with_parent  # before exec
         self.proc = subprocess.Popen(
             self.cmd,
             stdout=self._log,
