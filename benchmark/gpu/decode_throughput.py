@@ -170,6 +170,22 @@ def plan_configs(
                     alpha_auto=True,
                 )
             )
+        if "spautoold" in kinds and thetas and old_python:
+            # the alpha-auto server from another copy of the package: a before / after
+            variants = [
+                {"name": f"spexis_sp{n}_alphaauto_before_theta{th:g}", "theta": th} for th in thetas
+            ]
+            out.append(
+                _config(
+                    f"spexis_sp{n}_alphaauto_before",
+                    "sp",
+                    n,
+                    _sp_args(n, thetas[0]) + ["--spexis-alpha", "auto"],
+                    variants=variants,
+                    alpha_auto=True,
+                    python_path=old_python,
+                )
+            )
         if "spold" in kinds and thetas and old_python:
             # the same SP server from another copy of the package (--old-python): a before /
             # after in one call
@@ -879,9 +895,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--kinds",
         default="pp1,pp,tp,sp",
-        help="subset of pp1,pp,tp,sp,ppa,spauto,spold (ppa: stock PP with "
-        "--pp-async-batch-depth 1; spauto: SP with --spexis-alpha auto; spold: SP from "
-        "--old-python)",
+        help="subset of pp1,pp,tp,sp,ppa,spauto,spold,spautoold (ppa: stock PP with "
+        "--pp-async-batch-depth 1; spauto: SP with --spexis-alpha auto; spold, spautoold: "
+        "sp, spauto from --old-python)",
     )
     p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
     p.add_argument(

@@ -83,7 +83,12 @@ def main(argv: List[str] | None = None) -> int:
         "servers": {},
     }
     outputs = {}
-    for name, extra in (("plain_pp1", ["--pp-size", "1"]), (f"spexis_sp{a.pp}", sp_args)):
+    sp_name, alpha_one = f"spexis_sp{a.pp}", f"spexis_sp{a.pp}_alpha1"
+    servers = [("plain_pp1", ["--pp-size", "1"]), (sp_name, sp_args)]
+    # alpha 1 runs stock PP's schedule: stage 0 skips the drafts nothing uses, and the rows
+    # built on their placeholders are redone on the device
+    servers.append((alpha_one, sp_args + ["--spexis-alpha", "1"]))
+    for name, extra in servers:
         log = os.path.join("/tmp", f"sp_equality_{name}.log")
         t = time.time()
         srv = Server(model_dir, common + extra, a.port, log, a.local_cpu)
@@ -101,26 +106,35 @@ def main(argv: List[str] | None = None) -> int:
             print(f"{name} failed: {e!r}\n{srv.log_tail(40)}", flush=True)
         finally:
             srv.stop()
-    if len(outputs) == 2:
-        base, sp = outputs["plain_pp1"], outputs[f"spexis_sp{a.pp}"]
+    base = outputs.get("plain_pp1")
+    for name, key in ((sp_name, None), (alpha_one, "alpha_one")):
+        if base is None or name not in outputs:
+            continue
         differ = []
-        for i, (x, y) in enumerate(zip(base, sp)):
+        for i, (x, y) in enumerate(zip(base, outputs[name])):
             if x != y:
                 first = next(
                     k for k in range(min(len(x), len(y)) + 1) if k >= len(x) or x[k] != y[k]
                 )
                 differ.append({"prompt": i, "first_difference": first})
-        result["identical"] = len(base) - len(differ)
-        result["differing"] = differ
-        st = result["servers"][f"spexis_sp{a.pp}"].get("spexis") or {}
+        st = result["servers"][name].get("spexis") or {}
         keys = ("rows_normal", "rows_spec", "rows_redone", "rows_stale", "accepted", "rejected")
-        result["sp_rows"] = {
-            k: st.get(k) for k in keys + ("decode_graph_replays", "decode_eager_forwards")
+        keys += ("decode_graph_replays", "decode_eager_forwards")
+        keys += ("drafts_unmade_forwards", "unmade_drafts_verified")
+        part = {
+            "identical": len(base) - len(differ),
+            "differing": differ,
+            "sp_rows": {k: st.get(k) for k in keys},
         }
-        print(f"identical {result['identical']}/{len(base)}; SP rows {result['sp_rows']}")
+        if key is None:
+            result.update(part)
+        else:
+            result[key] = part
+        print(f"{name}: identical {part['identical']}/{len(base)}; SP rows {part['sp_rows']}")
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     ok = result.get("identical") == a.prompts
+    ok = ok and result.get("alpha_one", {}).get("identical") == a.prompts
     return 0 if ok else 1
 
 

@@ -114,6 +114,24 @@ def test_draft_vocabulary_runs_each_sp_server_again_with_the_flag():
     assert again.get("alpha_auto") and "--spexis-draft-vocab" not in cfgs[0]["args"]
 
 
+def test_auto_before_runs_the_alpha_auto_server_from_the_old_package():
+    cfgs = decode_throughput.plan_configs(
+        [2], [0.6], ["pp", "spauto", "spautoold"], old_python="/old/python"
+    )
+    assert [c["name"] for c in cfgs] == [
+        "sglang_pp2",
+        "spexis_sp2_alphaauto",
+        "spexis_sp2_alphaauto_before",
+    ]
+    now, before = cfgs[1], cfgs[2]
+    assert before["args"] == now["args"] and before.get("alpha_auto")
+    assert before["python_path"] == "/old/python" and now.get("python_path") is None
+    assert [v["name"] for v in before["variants"]] == ["spexis_sp2_alphaauto_before_theta0.6"]
+    # without an old package there is nothing to run it from
+    names = [c["name"] for c in decode_throughput.plan_configs([2], [0.6], ["spautoold"])]
+    assert names == []
+
+
 class _FakeServer:
     def __init__(self, reply):
         self.reply, self.sent = reply, []

@@ -26,7 +26,7 @@ import zlib
 import numpy as np
 import pytest
 
-from spexis_sglang.core.slot_state import Rows, SlotState, SlotStateError
+from spexis_sglang.core.slot_state import Rows, SlotState, SlotStateError, Verdict
 
 VOCAB = 5
 
@@ -373,3 +373,26 @@ def test_conditional_alternatives_and_conversion_units() -> None:
     with pytest.raises(SlotStateError):
         st.on_launch(d, alternatives=np.array([1]))
     st.on_launch(d, alternatives=st.conditional_alternatives(d))
+
+
+def test_verdicts_on_drafts_never_made_act_but_are_not_counted() -> None:
+    """A batch whose drafts stage 0 did not make launched its speculative successors on
+    placeholders: their verdicts convert and commit as any other, and are counted apart from
+    the accepted and rejected drafts."""
+    st = SlotState(4, depth=3)
+    st.admit(0, 5, 7)
+    st.admit(1, 3, 2)
+    a = st.next_rows()
+    st.on_launch(a)
+    placeholder = np.zeros(2, dtype=np.int64)
+    st.on_draft(a.slot, a.position, a.epoch, placeholder, np.zeros(2))
+    b = st.next_rows()
+    st.on_launch(b, alternatives=st.conditional_alternatives(b))
+    # slot 0's true token happens to be the placeholder: accepted; slot 1's is not: redone
+    res = st.on_result(np.array([0, 9]), launched_drafts=placeholder, count_verdicts=False)
+    assert res.verdict.tolist() == [int(Verdict.ACCEPTED), int(Verdict.REJECTED)]
+    assert st.stats.accepted == st.stats.rejected == 0
+    assert st.stats.unmade_drafts_verified == 2 and st.stats.rows_redone == 1
+    assert b.token.tolist() == [0, 9] and st.verified_len(np.array([0, 1])).tolist() == [6, 4]
+    st.on_result(np.array([4, 5]), launched_drafts=np.array([1, 1]))
+    assert st.stats.appended == st.stats.tokens_committed == 4

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from spexis_sglang.core.online_alpha import rank_bins
-from spexis_sglang.core.slot_state import SlotState, Verdict
+from spexis_sglang.core.slot_state import Rows, SlotState, Verdict
 from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.sp_alpha import AlphaController
 
@@ -458,3 +458,36 @@ def test_weighted_records_count_as_repeated_ones() -> None:
         b.record_iteration(rows, sec)
         b.record_iteration(rows, sec)
     assert np.allclose(a._lat, b._lat)
+
+
+def _drafts_wanted(ctrl: AlphaController, iterations: int) -> list:
+    """The iterations (1-based) whose batch makes its drafts."""
+    st = SlotState(capacity=8, depth=ctrl.depth)
+    wanted = []
+    for _ in range(iterations):
+        ctrl.select(st, Rows.empty(), running=4)
+        if ctrl.drafts_wanted():
+            wanted.append(ctrl.online.iteration)
+    return wanted
+
+
+def test_drafts_are_made_only_near_an_iteration_that_may_use_them() -> None:
+    """At alpha 1 a batch makes its drafts only within ``depth + 1`` iterations of one that
+    may launch rows on them unverified or credit their verdicts: an explore iteration, a
+    choice (which may leave alpha 1) or, with a fixed alpha, an observed iteration.
+    Elsewhere, and at any alpha below 1, every batch makes them."""
+    auto = AlphaController(64, depth=2, num_stages=2, auto=True, interval=10**6, explore=16)
+    auto.online.alpha = 1.0
+    assert _drafts_wanted(auto, 50) == [13, 14, 15, 16, 29, 30, 31, 32, 45, 46, 47, 48]
+    choosing = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=64)
+    choosing.online.alpha = 1.0
+    assert _drafts_wanted(choosing, 60) == [17, 18, 19, 37, 38, 39, 57, 58, 59]
+    fixed = AlphaController(64, depth=2, num_stages=2, alpha=1.0, observe_every=8)
+    assert _drafts_wanted(fixed, 16) == [5, 6, 7, 8, 13, 14, 15, 16]
+    every = AlphaController(64, depth=2, num_stages=2, alpha=1.0, observe_every=1)
+    assert _drafts_wanted(every, 10) == list(range(1, 11))
+    for ctrl in (
+        AlphaController(64, depth=2, num_stages=2, alpha=0.3),
+        AlphaController(64, depth=2, num_stages=2, auto=True, interval=20),  # starts inside
+    ):
+        assert _drafts_wanted(ctrl, 30) == list(range(1, 31))

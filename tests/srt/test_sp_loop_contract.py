@@ -58,7 +58,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from spexis_sglang.srt.config import SpexisConfig  # noqa: E402
 from spexis_sglang.srt.protocol import (  # noqa: E402
+    PLACEHOLDER_TOKEN,
     PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HIDDEN,
     PROXY_DRAFT_HOST,
     PROXY_DRAFT_IDS,
     pack_drafts,
@@ -230,6 +232,31 @@ class DeviceLog:
     #: rows past a request's last token (its end was not known when they launched)
     beyond: int = 0
     prefill_tokens: int = 0
+    #: speculative rows of an iteration below alpha 1 on a draft stage 0 never made
+    speculated_on_unmade: int = 0
+
+
+#: the proxy a decode batch went down the pipe with, beside its outputs in ``in_flight``
+_PROXY = "proxy"
+
+
+class ScriptedHead:
+    """Stage 0's model as the SP scheduler sees it: it makes a forward's drafts on request
+    (the scripted device put them in the head's hidden state), counting how often."""
+
+    spexis_deferred_drafts = True
+    spexis_traces_drafts = False
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def spexis_make_drafts(self, tensors, rows, draft_mask=None, trace=None) -> None:
+        hidden = tensors.pop(PROXY_DRAFT_HIDDEN)[:rows]
+        ids, conf = hidden[:, 0].to(torch.int64), hidden[:, 1].to(torch.float32)
+        tensors[PROXY_DRAFT_IDS] = ids
+        tensors[PROXY_DRAFT_CONF] = conf
+        tensors[PROXY_DRAFT_HOST] = pack_drafts(ids, conf)
+        self.made += 1
 
 
 class ScriptedStages(Scheduler):
@@ -254,6 +281,7 @@ class ScriptedStages(Scheduler):
                 pp_hidden_states_proxy_tensors=PPProxyTensors({}), can_run_cuda_graph=False
             )
         log.decode_batches += 1
+        self._settle_latest_drafts()
         record = self.sp.record(batch)
         slots = batch.req_pool_indices.tolist()
         lens = batch.seq_lens.tolist()
@@ -266,11 +294,12 @@ class ScriptedStages(Scheduler):
             context = context.tolist()
             if record.rows.is_spec[i]:  # not where its request's latest draft put it
                 log.redone += int((n, ids[i]) != self.latest_draft[slot])
+                if not self.latest_made.get(slot, True) and self.sp.alpha.iteration_alpha < 1:
+                    log.speculated_on_unmade += 1
             true.append(target(context))
             d, c = draft(context, self.theta)
             drafts.append(d)
             confs.append(c)
-            self.latest_draft[slot] = (n + 1, d)
             log.rows += 1
             expected = self.expected_sequence[self.sp.req_at[slot].rid]
             if context[: len(expected)] != expected[:n]:
@@ -279,23 +308,45 @@ class ScriptedStages(Scheduler):
                 log.right += 1
             else:
                 log.beyond += 1
-        ids_t = torch.tensor(drafts, dtype=torch.int64)
-        conf_t = torch.tensor(confs, dtype=torch.float32)
-        self.in_flight.append(
-            {"next_token_ids": torch.tensor(true, dtype=torch.int64), PROXY_DRAFT_IDS: ids_t}
-        )
+        # as SGLang's model under SP: the head's "hidden state" (here the drafts it leads to)
+        # and placeholder drafts, which the scheduler replaces where it makes the drafts
+        # (ScriptedHead.spexis_make_drafts)
+        hidden = torch.tensor([drafts, confs], dtype=torch.float64).T
+        placeholder = torch.full((len(drafts),), PLACEHOLDER_TOKEN, dtype=torch.int64)
+        no_conf = torch.zeros(len(drafts), dtype=torch.float32)
         tensors = {
-            PROXY_DRAFT_IDS: ids_t,
-            PROXY_DRAFT_CONF: conf_t,
-            PROXY_DRAFT_HOST: pack_drafts(ids_t, conf_t),
+            PROXY_DRAFT_HIDDEN: hidden,
+            PROXY_DRAFT_IDS: placeholder,
+            PROXY_DRAFT_CONF: no_conf,
+            PROXY_DRAFT_HOST: pack_drafts(placeholder, no_conf),
         }
+        # what goes down the pipe and comes back is what the scheduler left there
+        self.in_flight.append({"next_token_ids": torch.tensor(true, dtype=torch.int64)})
+        self.in_flight[-1][_PROXY] = tensors
+        self.unsettled = (slots, lens, tensors, placeholder)
         return SimpleNamespace(
             pp_hidden_states_proxy_tensors=PPProxyTensors(tensors), can_run_cuda_graph=False
         )
 
+    def _settle_latest_drafts(self) -> None:
+        """Each slot's latest draft on the device: what the scheduler left in the proxy of the
+        previous decode batch (a draft made, or the placeholder of one skipped)."""
+        if self.unsettled is None:
+            return
+        slots, lens, tensors, placeholder = self.unsettled
+        made = tensors[PROXY_DRAFT_IDS] is not placeholder
+        for slot, n, d in zip(slots, lens, tensors[PROXY_DRAFT_IDS].tolist()):
+            self.latest_draft[slot] = (n + 1, d)
+            self.latest_made[slot] = made
+        self.unsettled = None
+
     # -- the other stages -------------------------------------------------------------------
     def _pp_recv_dict_from_prev_stage(self):
-        return self.in_flight.popleft()  # the last stage's outputs, in launch order
+        outputs = self.in_flight.popleft()  # the last stage's outputs, in launch order
+        proxy = outputs.pop(_PROXY, None)
+        if proxy is not None:  # the drafts as they went down the pipe
+            outputs[PROXY_DRAFT_IDS] = proxy[PROXY_DRAFT_IDS]
+        return outputs
 
     def _pp_recv_proxy_tensors(self):
         return None  # stage 0 has no stage before it
@@ -418,7 +469,12 @@ class ContractScheduler(SpexisScheduler, ScriptedStages):
             )
         )
         self.kv_tokens = np.full(kv_size + 1, -1, dtype=np.int64)
-        self.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None))
+        self.head = ScriptedHead()
+        self.unsettled = None
+        self.latest_made: Dict[int, bool] = {}
+        self.tp_worker = SimpleNamespace(
+            model_runner=SimpleNamespace(attn_backend=None, model=self.head)
+        )
         self.device_module = torch.get_device_module("cpu")
         self.forward_stream = self.device_module.Stream()
         self.forward_stream_ctx = self.device_module.StreamContext(self.forward_stream)
@@ -632,6 +688,34 @@ def test_alpha_one_gives_each_request_a_row_every_n_iterations(stages: int) -> N
     assert max(window) == -(-8 // stages), window
     st = sched.sp.stats
     assert st.rows_spec > 0 and st.rows_redone > 0  # the kept rows rode on drafts
+    # every iteration not within depth + 1 of an observed one left its drafts unmade; the
+    # rows built on them were redone on the true token, and their verdicts are not counted
+    assert st.drafts_unmade_forwards > 0 and st.unmade_drafts_verified > 0
+    assert sched.head.made + st.drafts_unmade_forwards == st.decode_iterations
+    assert sched.device_log.speculated_on_unmade == 0
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_auto_at_alpha_one_skips_the_drafts_nothing_uses(stages: int, monkeypatch) -> None:
+    """``auto`` settled at alpha 1 makes drafts only near its explore iterations (alpha 0):
+    those launch every speculative row on a draft that was made, their verdicts are the
+    only ones credited, and every output stays the target's."""
+    from spexis_sglang.srt import sp_alpha
+
+    monkeypatch.setattr(sp_alpha, "AUTO_ALPHA_INITIAL", 1.0)
+    sched = ContractScheduler(
+        stages, theta=0.6, alpha=0.0, alpha_auto=True, alpha_interval=10**6, alpha_explore=16
+    )
+    run = drive(sched, [Arrival(f"r{i}", list(range(1 + i, 9 + i)), 60, 0) for i in range(8)])
+    check_contract(run, exact_rows=False)
+    ctrl, st = sched.sp.alpha, sched.sp.stats
+    assert ctrl.online.alpha == 1.0 and ctrl.online.explore_iterations >= 3
+    assert st.drafts_unmade_forwards > st.decode_iterations / 2
+    assert sched.head.made + st.drafts_unmade_forwards == st.decode_iterations
+    assert sched.device_log.speculated_on_unmade == 0
+    assert st.unmade_drafts_verified > 0 and ctrl.online.verdicts > 0
+    # what was credited are the verdicts on drafts made (theta 0.6), not on placeholders
+    assert st.accepted > 0 and st.rejected > 0
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -486,6 +486,16 @@ class OnlineAlpha:
             and self.iteration + 1 >= self._next_explore
         )
 
+    def settled_at_one(self, iterations: int) -> bool:
+        """``alpha`` is 1 and, as things stand, the next ``iterations`` iterations run at 1
+        too: none of them explores or re-chooses (probes run at ``alpha`` 0 only)."""
+        if self.alpha < 1.0:
+            return False
+        i = self.iteration
+        if self.explore > 1 and self._next_explore <= i + iterations:
+            return False
+        return self.interval - i % self.interval > iterations
+
     def peek_alpha(self) -> float | None:
         """The ``alpha`` :meth:`next_iteration` will return, or None where it may re-choose
         (a choice iteration that is not an explore one): a caller that needs confidences

@@ -790,6 +790,7 @@ class SlotState:
         true_tokens: np.ndarray,
         launched_drafts: np.ndarray | None = None,
         slots: np.ndarray | None = None,
+        count_verdicts: bool = True,
     ) -> Results:
         """Process the true tokens of the oldest batch in flight (``SPState.on_result`` per row).
 
@@ -804,6 +805,9 @@ class SlotState:
                 the state (later PP ranks launch speculative rows with placeholders).
             slots: if given, must equal the batch's slots (a check that the caller processes
                 results in launch order).
+            count_verdicts: False where the batch's drafts were never made (placeholders
+                stood in): its ACCEPTED / REJECTED verdicts act as usual but are counted in
+                ``stats.unmade_drafts_verified``, not as accepted or rejected drafts.
         """
         if not self._batches:
             raise SlotStateError("result with no batch in flight")
@@ -880,8 +884,11 @@ class SlotState:
             verdict[valid] = v_verdict
             at_limit = np.zeros(n, dtype=bool)
             at_limit[valid] = v_limit
-        self.stats.accepted += n_acc
-        self.stats.rejected += n_rej
+        if count_verdicts:
+            self.stats.accepted += n_acc
+            self.stats.rejected += n_rej
+        else:
+            self.stats.unmade_drafts_verified += n_acc + n_rej
         self.stats.tokens_committed += vs.size
         self.stats.rows_stale += n - vs.size
         return Results(rows, verdict, y, valid, at_limit)

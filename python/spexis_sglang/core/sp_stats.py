@@ -58,6 +58,12 @@ class SPStats:
     #: drafts not launched for another reason: past the request's length limit, or no KV
     #: memory for the speculative row
     drafts_withheld: int = 0
+    #: stage 0's decode forwards that made no drafts (the draft head's LM head skipped): alpha
+    #: 1 iterations whose drafts no row would run on unverified and nothing would learn from
+    drafts_unmade_forwards: int = 0
+    #: rows built on a draft that was never made, verified against its placeholder (the
+    #: device ran them on the true token): counted in neither ``accepted`` nor ``rejected``
+    unmade_drafts_verified: int = 0
 
     # -- admission and memory (the scheduler) -----------------------------------------------
     #: look-ahead admission: requests held back at least once that SGLang's reservation would

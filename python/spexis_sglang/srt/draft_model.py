@@ -34,7 +34,11 @@ The head is configured per process by ``SPEXIS_DRAFT_HEAD``: an artifact directo
 seed and identical on every TP rank; for losslessness tests and dummy-weight benchmarks).
 
 The model returns its stage-0 ``PPProxyTensors`` with two extra keys: ``spexis_draft_ids`` (int64
-``[num_seqs]``) and ``spexis_draft_conf`` (float32 ``[num_seqs]``). With a remaining-length
+``[num_seqs]``) and ``spexis_draft_conf`` (float32 ``[num_seqs]``). Under SP the forward stops
+before the LM head: it returns the head's hidden state (``spexis_draft_hidden``) with placeholder
+drafts, and SP's scheduler makes the drafts after the forward (:meth:`spexis_make_drafts`) only
+where something will use them, so an iteration that runs like stock PP (alpha 1) skips the LM
+head even when the forward is a CUDA-graph replay. With a remaining-length
 predictor configured (``--spexis-length-predictor``) a third, ``spexis_length_bucket`` (int64
 ``[num_seqs]``, the smallest threshold predicted, -1 for none), comes from the same exit residual
 stream ``h + r`` at each sequence's last token, in fp32.
@@ -72,7 +76,9 @@ from spexis_sglang.srt.draft_artifact import (
     resolve_draft_head,
 )
 from spexis_sglang.srt.protocol import (
+    PLACEHOLDER_TOKEN,
     PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HIDDEN,
     PROXY_DRAFT_HOST,
     PROXY_DRAFT_IDS,
     PROXY_LENGTH_BUCKET,
@@ -193,17 +199,16 @@ class SpexisDraftHead(nn.Module):
         residual: Optional[torch.Tensor],
         positions: torch.Tensor,
         forward_batch: ForwardBatch,
-        lm_head_weight: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns ``(draft_ids int64 [S], conf fp32 [S], last-token row indices [S])``."""
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The head up to its LM head: ``(x [S, hidden], last-token row indices [S])``, ``x``
+        normed at each sequence's last token (:meth:`drafts` turns it into drafts)."""
         x = hidden_states if residual is None else hidden_states + residual
         x = self.norm(x)
         x, _ = self.fc(x)
         # Every token goes through attention so the head's KV exists for every position.
         for layer in self.layers:
             x = layer(positions, x, forward_batch)
-        mode = forward_batch.forward_mode
-        if mode.is_extend():
+        if forward_batch.forward_mode.is_extend():
             last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             last = last.to(torch.long)
             x = x[last]
@@ -211,10 +216,15 @@ class SpexisDraftHead(nn.Module):
             last = torch.arange(x.shape[0], device=x.device)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        draft_mask = None if mode.is_extend() else draft_mask_of(forward_batch)
+        return x, last
+
+    def drafts(
+        self, x: torch.Tensor, lm_head_weight: torch.Tensor, draft_mask=None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(draft_ids int64 [S], conf fp32 [S])`` from :meth:`forward`'s ``x``: the LM head
+        (a decode forward's grammar ``draft_mask`` applied first)."""
         if self.tp_size > 1 and self.draft_vocab < self.vocab_size and draft_mask is None:
-            ids, conf = self._shard_drafts(x, lm_head_weight)
-            return ids, conf, last
+            return self._shard_drafts(x, lm_head_weight)
         vocab = self.vocab_size if self.tp_size > 1 else self.draft_vocab
         logits = self._logits(x, lm_head_weight[:vocab])
         if self.tp_size > 1:
@@ -222,8 +232,7 @@ class SpexisDraftHead(nn.Module):
         logits = logits[:, : self.draft_vocab].float()
         if draft_mask is not None:  # constrained decoding: draft what the grammar allows
             draft_mask.apply(logits)  # (the mask's first ``draft_vocab`` ids)
-        ids, conf = greedy_draft(logits)
-        return ids, conf, last
+        return greedy_draft(logits)
 
     def _logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fp32_lm_head:
@@ -299,6 +308,8 @@ class _SpexisDraftMixin:
         self._spexis_length_predictor = None
         self._spexis_pending_weights: Optional[Dict[str, torch.Tensor]] = None
         self._spexis_trace_path = env_value(ENV_DRAFT_TRACE)
+        #: the forward leaves the drafts to SP's scheduler (``spexis_make_drafts``)
+        self.spexis_deferred_drafts = False
         value = env_value(ENV_DRAFT_HEAD)
         pp = self.pp_group
         if not value or pp.world_size < 2 or not pp.is_first_rank:
@@ -311,6 +322,7 @@ class _SpexisDraftMixin:
             self.config, spec, first_layer_id=end_layer, prefix="spexis_draft_head"
         )
         self._spexis_pending_weights = spec.weights
+        self.spexis_deferred_drafts = get_config().enabled
         self._spexis_length_path = get_config().length_predictor
         logger.info(
             "spexis draft head %s: %d attention layer(s) at KV layer ids %d..%d after stage 0's "
@@ -365,22 +377,25 @@ class _SpexisDraftMixin:
             parent()
         self._spexis_load_draft_weights()
 
-    def _spexis_trace(
-        self, forward_batch: ForwardBatch, positions: torch.Tensor, last, ids, conf
-    ) -> None:
+    def _spexis_trace(self, mode: str, rids: List[str], positions: List[int], ids, conf) -> None:
         if get_tensor_model_parallel_rank() != 0:
             return
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return
         record = {
-            "mode": forward_batch.forward_mode.name,
-            "rids": list(forward_batch.rids or []),
-            "positions": positions[last].tolist(),
+            "mode": mode,
+            "rids": list(rids or []),
+            "positions": list(positions),
             "ids": ids.tolist(),
             "conf": conf.tolist(),
         }
         with open(self._spexis_trace_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+    @property
+    def spexis_traces_drafts(self) -> bool:
+        """``SPEXIS_DRAFT_TRACE`` is set: every draft made is written there."""
+        return bool(self._spexis_trace_path)
 
     def _spexis_length_buckets(self, exit_hidden: torch.Tensor) -> torch.Tensor:
         """Remaining-length bucket per row (the predictor runs in fp32; it is 1 MB)."""
@@ -398,20 +413,53 @@ class _SpexisDraftMixin:
                 out[PROXY_LENGTH_BUCKET] = torch.zeros(0, dtype=torch.int64, device=hidden.device)
             out[PROXY_DRAFT_HOST] = torch.zeros((0, 3), dtype=torch.float64, device=hidden.device)
             return out
-        ids, conf, last = self.spexis_draft_head(
-            hidden, residual, positions, forward_batch, self.model.embed_tokens.weight
-        )
-        out[PROXY_DRAFT_IDS] = ids
-        out[PROXY_DRAFT_CONF] = conf
+        head = self.spexis_draft_head
+        x, last = head(hidden, residual, positions, forward_batch)
         buckets = None
         if self._spexis_length_path is not None:
-            x = hidden if residual is None else hidden + residual
-            out[PROXY_LENGTH_BUCKET] = buckets = self._spexis_length_buckets(x[last])
+            h = hidden if residual is None else hidden + residual
+            out[PROXY_LENGTH_BUCKET] = buckets = self._spexis_length_buckets(h[last])
+        if self.spexis_deferred_drafts:
+            # SP's scheduler makes the drafts after the forward where it wants them
+            # (spexis_make_drafts); until then: draft PLACEHOLDER_TOKEN at confidence 0
+            out[PROXY_DRAFT_HIDDEN] = x
+            ids = torch.full((x.shape[0],), PLACEHOLDER_TOKEN, dtype=torch.int64, device=x.device)
+            conf = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+        else:
+            mode = forward_batch.forward_mode
+            mask = None if mode.is_extend() else draft_mask_of(forward_batch)
+            ids, conf = head.drafts(x, self.model.embed_tokens.weight, mask)
+            if self._spexis_trace_path:
+                rids = list(forward_batch.rids or [])
+                self._spexis_trace(mode.name, rids, positions[last].tolist(), ids, conf)
+        out[PROXY_DRAFT_IDS] = ids
+        out[PROXY_DRAFT_CONF] = conf
         # what stage 0's scheduler reads back, in one block (inside the graph when captured)
         out[PROXY_DRAFT_HOST] = pack_drafts(ids, conf, buckets)
-        if self._spexis_trace_path:
-            self._spexis_trace(forward_batch, positions, last, ids, conf)
         return out
+
+    def spexis_make_drafts(
+        self,
+        tensors: Dict[str, torch.Tensor],
+        rows: int,
+        draft_mask=None,
+        trace: Optional[Tuple[str, List[str], List[int]]] = None,
+    ) -> None:
+        """SP's stage 0: the drafts of a forward's first ``rows`` rows (a CUDA-graph replay's
+        outputs are padded) from the head's hidden state, in ``tensors`` in place of the
+        forward's placeholders. Outside the forward, so that a forward whose drafts nothing
+        would use skips the LM head, the head's largest read, even when it is a graph replay.
+        ``trace``: the forward's mode, request ids and positions, for ``SPEXIS_DRAFT_TRACE``."""
+        x = tensors.pop(PROXY_DRAFT_HIDDEN)[:rows]
+        ids, conf = self.spexis_draft_head.drafts(x, self.model.embed_tokens.weight, draft_mask)
+        buckets = tensors.get(PROXY_LENGTH_BUCKET)
+        tensors[PROXY_DRAFT_IDS] = ids
+        tensors[PROXY_DRAFT_CONF] = conf
+        tensors[PROXY_DRAFT_HOST] = pack_drafts(
+            ids, conf, None if buckets is None else buckets[:rows]
+        )
+        if self._spexis_trace_path and trace is not None:
+            self._spexis_trace(*trace, ids, conf)
 
     @torch.no_grad()
     def forward(

@@ -23,6 +23,9 @@ PROXY_LENGTH_BUCKET = "spexis_length_bucket"
 #: stage 0's drafts packed for the host (:func:`pack_drafts`): one device-to-host copy per
 #: iteration instead of one per tensor; read by stage 0's scheduler only, never sent down
 PROXY_DRAFT_HOST = "spexis_draft_host"
+#: stage 0 under SP: the draft head's hidden state at each row's last token, from which the
+#: scheduler makes the drafts after the forward (``spexis_make_drafts``); never sent down
+PROXY_DRAFT_HIDDEN = "spexis_draft_hidden"
 #: each row's position as stage 0 ran it (int64 ``[rows]``), sent down with the proxy of a
 #: batch launched before the results it depends on were processed: where the transit batch
 #: rejected a row's chain, the row ran as the normal row at an earlier position
@@ -33,7 +36,7 @@ PROXY_PREFIX = "spexis_"
 #: the keys the last stage sends back to stage 0 with the true tokens
 PROXY_RETURNED = (PROXY_DRAFT_IDS, PROXY_DRAFT_CONF)
 #: stage 0's own proxy keys, dropped before the proxy goes down the pipe
-PROXY_STAGE0_ONLY = (PROXY_LENGTH_BUCKET, PROXY_DRAFT_HOST)
+PROXY_STAGE0_ONLY = (PROXY_LENGTH_BUCKET, PROXY_DRAFT_HOST, PROXY_DRAFT_HIDDEN)
 
 #: the input token of a speculative row on ranks that never see drafts (only stage 0 embeds)
 PLACEHOLDER_TOKEN = 0

@@ -280,4 +280,5 @@ SCHEDULER_STATE: Tuple[str, ...] = (
     "device_module",
     "pp_group",
     "world_group",
+    "tp_worker",
 )

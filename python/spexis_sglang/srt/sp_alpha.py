@@ -261,6 +261,22 @@ class AlphaController:
             a = self.online.alpha
         return 0.0 < a < 1.0
 
+    def drafts_wanted(self) -> bool:
+        """Whether the batch this iteration launches should make its drafts (after
+        :meth:`select`). Not at alpha 1 with no observed, explore, probe or choice iteration
+        within the next ``depth + 1``: every draft it makes is then either dropped or the
+        input of a row the device redoes on the true token (``SlotState.select_pp``), and no
+        verdict on it is credited, so stage 0 may skip the draft head's LM head. The
+        iterations that follow one that may speculate or observe find drafts made by then (a
+        request's latest is at most ``depth`` launches old, or held one iteration more)."""
+        if self.iteration_alpha < 1.0 or self._observed:
+            return True
+        ahead = self.depth + 1
+        if self.auto:
+            return not self.online.settled_at_one(ahead)
+        k = self.observe_every  # a fixed alpha 1: its observed iterations credit verdicts
+        return k == 1 or (-self.online.iteration) % k <= ahead
+
     def _drops_by_confidence(self) -> bool:
         return 0.0 < self.online.alpha < 1.0
 

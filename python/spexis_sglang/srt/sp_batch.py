@@ -148,7 +148,11 @@ class SPBatchMixin:
         if sp.alpha is not None:
             sp.alpha.on_launch(rows, sp.iteration)
         sp.stats.decode_iterations += 1
-        return self._sp_decode_batch(rows, *meta, has_alternatives=alternatives is not None)
+        batch = self._sp_decode_batch(rows, *meta, has_alternatives=alternatives is not None)
+        if sp.rank0:
+            record = sp.record(batch)
+            record.drafts_made = self.sp_drafts_wanted(batch, record)
+        return batch
 
     def _sp_transit_rows(self: SpexisScheduler, transit: ScheduleBatch, rows: Rows) -> np.ndarray:
         """Per row, the index of its request's row in the transit batch (0 if none)."""

@@ -16,6 +16,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from spexis_sglang.core.slot_state import Rows
 from spexis_sglang.srt.protocol import (
     PROXY_DRAFT_CONF,
+    PROXY_DRAFT_HIDDEN,
     PROXY_DRAFT_HOST,
     PROXY_DRAFT_IDS,
     PROXY_LENGTH_BUCKET,
@@ -23,7 +24,8 @@ from spexis_sglang.srt.protocol import (
     pack_drafts,
 )
 from spexis_sglang.srt.sp_forced import rejected_token
-from spexis_sglang.srt.sp_records import LaunchPlan, PendingDrafts
+from spexis_sglang.srt.sp_grammar import draft_mask_of
+from spexis_sglang.srt.sp_records import LaunchPlan, PendingDrafts, SPBatch
 
 if TYPE_CHECKING:
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
@@ -70,6 +72,41 @@ class SPDraftsMixin:
         batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
         if batch.seq_lens.device.type == "cpu":  # exact host lengths (the GPU's are bounds)
             batch.seq_lens_sum = int(batch.seq_lens.sum())
+
+    def _sp_make_drafts(
+        self: SpexisScheduler, batch: ScheduleBatch, result, record: Optional[SPBatch]
+    ) -> None:
+        """Stage 0: the drafts of the forward just queued, from the draft head's hidden state
+        (``spexis_make_drafts``: the head's LM head, on the forward stream behind it). A decode
+        batch whose drafts nothing would use (``SPBatch.drafts_made``) skips it: its rows go
+        down the pipe with the forward's placeholder drafts."""
+        proxy = getattr(result, "pp_hidden_states_proxy_tensors", None)
+        if proxy is None or PROXY_DRAFT_HIDDEN not in proxy.tensors:
+            return
+        tensors = proxy.tensors
+        if record is not None and not record.drafts_made:
+            del tensors[PROXY_DRAFT_HIDDEN]
+            self.sp.stats.drafts_unmade_forwards += 1
+            return
+        rows = len(batch.reqs)
+        mode = batch.forward_mode
+        model = self.sp.model
+        trace = None
+        if model.spexis_traces_drafts:
+            positions = (batch.seq_lens[:rows] - 1).tolist()
+            trace = (mode.name, [r.rid for r in batch.reqs], positions)
+        mask = None if mode.is_extend() else draft_mask_of(batch)
+        model.spexis_make_drafts(tensors, rows, mask, trace)
+
+    def sp_drafts_wanted(self: SpexisScheduler, batch: ScheduleBatch, record: SPBatch) -> bool:
+        """Stage 0: whether a decode batch about to launch makes its drafts. Not where the
+        alpha controller says nothing will use them (alpha 1 away from explore, probe and
+        choice iterations: every row built on them is redone on the true token), nothing
+        reads their values (a grammar's draft mask, penalties) and stage 0 may skip them."""
+        sp = self.sp
+        if not sp.skip_unused_drafts or record.needs_drafts or draft_mask_of(batch) is not None:
+            return True
+        return sp.alpha is None or sp.alpha.drafts_wanted()
 
     def _sp_start_draft_readback(self: SpexisScheduler, batch: ScheduleBatch, result) -> None:
         """Stage 0: record the batch's drafts per slot on the device (the inputs of the next

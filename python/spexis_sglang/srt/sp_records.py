@@ -130,6 +130,10 @@ class SPBatch:
     #: the last stage penalises or masks rows by the drafts they are built on: it reads the
     #: drafts' values (the other ranks record placeholders)
     needs_drafts: bool = False
+    #: stage 0 makes this batch's drafts after its forward (the LM head of the draft head):
+    #: False where nothing would use them (``AlphaController.drafts_wanted``), and the rows
+    #: are then verified against placeholders (not counted as verdicts)
+    drafts_made: bool = True
     #: stage 0: where each row ran (a redone row at its alternative), sent down with the proxy
     positions: Optional[torch.Tensor] = None
     #: a mixed batch's parts: SGLang's prefill (its results are processed on it) and the
@@ -228,6 +232,11 @@ class SPLoopState:
     mixed_chunk: bool = False
     #: stage 0 masks the drafts with the rows' grammars (sp_grammar)
     grammar_draft_mask: bool = False
+    #: stage 0: the model whose draft head makes the drafts after each forward
+    model: Optional[Any] = None
+    #: stage 0 may leave a decode forward's drafts unmade where nothing would use them
+    #: (``SPBatch.drafts_made``): one TP rank, no draft log or trace
+    skip_unused_drafts: bool = False
     #: stage 0's Prometheus gauges (--enable-metrics)
     metrics: Optional[Any] = None
     #: stage 0: whether SGLang's request sockets hold nothing (request_poll)

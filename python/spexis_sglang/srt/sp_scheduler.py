@@ -194,9 +194,10 @@ class SpexisScheduler(
     # ------------------------------------------------------------------ launch and results
     def run_batch(self, batch: ScheduleBatch, pp_proxy_tensors=None):
         """SGLang's ``run_batch`` (a batch of SP rows first completed on the device: drafts,
-        redone rows, a mixed batch's token ids); then, on stage 0, the copy of its drafts to
-        the host is queued at once, still inside the launch's forward-stream context (entering
-        that context again costs the scheduler two stream switches per iteration)."""
+        redone rows, a mixed batch's token ids); then, on stage 0, its drafts are made (where
+        wanted: ``_sp_make_drafts``) and their copy to the host is queued at once, still inside
+        the launch's forward-stream context (entering that context again costs the scheduler
+        two stream switches per iteration)."""
         timer = self.sp_gpu_timer
         timed = timer is not None and batch.forward_mode.is_decode()
         if timed:
@@ -214,8 +215,10 @@ class SpexisScheduler(
             # the prefill's results are processed on its own batch (SGLang reads these)
             record.prefill.forward_iter = batch.forward_iter
             record.prefill.launch_ts = batch.launch_ts
-        if has_rows and self.sp.rank0:
-            self._sp_start_draft_readback(batch, result)
+        if self.sp is not None and self.sp.rank0:
+            self._sp_make_drafts(batch, result, record)
+            if has_rows:
+                self._sp_start_draft_readback(batch, result)
         if timed:
             timer.stop(start, len(batch.reqs), batch.seq_lens_sum)
         return result

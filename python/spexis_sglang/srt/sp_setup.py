@@ -101,6 +101,7 @@ class SPSetupMixin:
         )
         if self.sp.rank0:
             self.sp.draft_by_slot = torch.zeros(capacity, dtype=torch.int64, device=device)
+            self.sp.model = self.tp_worker.model_runner.model
         # The device redoes a row where the transit batch rejects its chain only if the
         # attention backend reads the batch's lengths on the device (on a CPU the host values
         # are fixed up too): otherwise such rows simply go stale.
@@ -144,6 +145,16 @@ class SPSetupMixin:
         draft_log = env_value(ENV_DRAFT_LOG)
         self.sp.draft_log = (
             DraftLog(draft_log) if draft_log and self.sp.rank0 and self.ps.tp_rank == 0 else None
+        )
+        # with one TP rank (the LM head's collectives need every rank to agree) and nobody
+        # reading every draft, stage 0 skips the drafts nothing would use
+        self.sp.skip_unused_drafts = (
+            self.sp.rank0
+            and self.ps.tp_size == 1
+            and not get_parallel().enable_dp_attention
+            and self.sp.draft_log is None
+            and getattr(self.sp.model, "spexis_deferred_drafts", False)
+            and not self.sp.model.spexis_traces_drafts
         )
         # benchmark only (--spexis-benchmark-length-oracle): stage 0's buckets from the truth
         if self.sp.rank0:

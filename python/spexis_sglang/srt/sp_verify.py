@@ -74,8 +74,10 @@ class SPVerifyMixin:
                 built_on_draft = sp.slots.verifies_draft(rows)
                 true_ids = forced.true_tokens(rows, true_ids, drafts, built_on_draft)
         # SlotState counts the verdicts, stale rows and redone rows into sp.stats
-        res = sp.slots.on_result(true_ids, launched_drafts=drafts)
-        if sp.alpha is not None:
+        # (a batch whose drafts were not made verified placeholders: no verdicts to count)
+        made = record.drafts_made
+        res = sp.slots.on_result(true_ids, launched_drafts=drafts, count_verdicts=made)
+        if sp.alpha is not None and made:
             sp.alpha.on_result(rows, res.verdict)
         n_committed = int(np.count_nonzero(res.committed))
         n_stale = len(rows) - n_committed
