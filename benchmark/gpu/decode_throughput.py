@@ -1000,7 +1000,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for x in a.extra_input:
         n, _, bs = x.partition(":")
         a.extra_inputs.append((int(n), sorted({int(b) for b in bs.split(",") if b})))
-    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spauto", "spold"}
+    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spauto", "spold", "spautoold"}
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
     if any(

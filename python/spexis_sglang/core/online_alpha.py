@@ -264,7 +264,9 @@ class LatencyFit:
 class LatencyCurve:
     """Seconds per iteration against rows, piecewise linear through ``knots`` (mean rows,
     mean seconds of a bucket of samples, non-decreasing), the end segments continued beyond
-    the end knots (never below 0); with fewer than two knots, ``fit`` (the affine fit).
+    the end knots; with fewer than two knots, ``fit`` (the affine fit). Below the first knot
+    a steep first segment would reach zero time at some rows: there the time falls at most in
+    proportion to the rows (a stage's time never shrinks faster than its rows do).
 
     A stage's time is flat in rows while weights dominate and turns proportional once
     compute does: one line through samples from both regimes overstates the time at the
@@ -284,7 +286,10 @@ class LatencyCurve:
         while i < len(k) - 1 and x > k[i][0]:
             i += 1
         (x0, y0), (x1, y1) = k[i - 1], k[i]
-        return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+        y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if x < x0:
+            y = max(y, y0 * max(x, 0.0) / x0)
+        return max(y, 0.0)
 
 
 class OnlineAlpha:

@@ -228,6 +228,8 @@ def choose_alpha(
         th = profile.theta_alpha(a)
         ss = _sp_alpha_state(batch, num_stages, th, a, model)
         lat = float(latency(ss.rows)) + (interior_cost if 0.0 < a < 1.0 else 0.0)
+        # a curve may say 0 s (no rows): no time, and no tokens, so no throughput either
+        lat = max(lat, 1e-12)
         evaluated.append(
             AlphaChoice(
                 alpha=a,
