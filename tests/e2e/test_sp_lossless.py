@@ -139,7 +139,8 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
 def test_greedy_tiny_model_alpha_one_equals_plain(server_factory, tiny_model_dir, tiny_prompts):
     """``--spexis-alpha 1`` (stock PP's schedule): stage 0 keeps only the rows the device
     would redo and holds the other drafts; the held slots reach the later stages in the plan,
-    through a middle stage (PP=3)."""
+    through a middle stage (PP=3). Away from its observed iterations stage 0 makes no drafts
+    (the rows built on their placeholders are redone on the true token)."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
     sp_server = server_factory(
         ["--model-path", tiny_model_dir, *sp_args(3, "random:0", "--spexis-alpha", "1")],
@@ -147,9 +148,11 @@ def test_greedy_tiny_model_alpha_one_equals_plain(server_factory, tiny_model_dir
     )
     label = "tiny model, PP=3 SP alpha 1 vs PP=1 plain"
     stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, tiny_prompts, 48, label)
-    print({k: stats[k] for k in ("rows_normal", "rows_spec", "rows_redone", "rows_stale")})
+    keys = ("rows_normal", "rows_spec", "rows_redone", "rows_stale", "drafts_unmade_forwards")
+    print({k: stats[k] for k in keys + ("unmade_drafts_verified",)})
     # the rows kept rode on drafts the transit batch then judged (redone where rejected)
     assert stats["rows_spec"] > 0 and stats["rows_redone"] > 0 and stats["drafts_dropped"] == 0
+    assert stats["drafts_unmade_forwards"] > 0 and stats["unmade_drafts_verified"] > 0
 
 
 def chi2_sf(x: float, dof: int) -> float:
