@@ -154,55 +154,29 @@ def plan_configs(
                 )
             )
     for n in stages:
+        auto = ["--spexis-alpha", "auto"]
         if "spauto" in kinds and thetas:
             # selective speculation chosen online: where speculation cannot pay, alpha drops
             # drafts until SP runs like PP
-            variants = [
-                {"name": f"spexis_sp{n}_alphaauto_theta{th:g}", "theta": th} for th in thetas
-            ]
-            out.append(
-                _config(
-                    f"spexis_sp{n}_alphaauto",
-                    "sp",
-                    n,
-                    _sp_args(n, thetas[0]) + ["--spexis-alpha", "auto"],
-                    variants=variants,
-                    alpha_auto=True,
-                )
-            )
+            out.append(_sp_config(f"spexis_sp{n}_alphaauto", n, thetas, auto, alpha_auto=True))
+        # the same SP servers from another copy of the package (--old-python): a before /
+        # after in one call
         if "spautoold" in kinds and thetas and old_python:
-            # the alpha-auto server from another copy of the package: a before / after
-            variants = [
-                {"name": f"spexis_sp{n}_alphaauto_before_theta{th:g}", "theta": th} for th in thetas
-            ]
-            out.append(
-                _config(
-                    f"spexis_sp{n}_alphaauto_before",
-                    "sp",
-                    n,
-                    _sp_args(n, thetas[0]) + ["--spexis-alpha", "auto"],
-                    variants=variants,
-                    alpha_auto=True,
-                    python_path=old_python,
-                )
-            )
+            name = f"spexis_sp{n}_alphaauto_before"
+            out.append(_sp_config(name, n, thetas, auto, alpha_auto=True, python_path=old_python))
         if "spold" in kinds and thetas and old_python:
-            # the same SP server from another copy of the package (--old-python): a before /
-            # after in one call
-            variants = [{"name": f"spexis_sp{n}_before_theta{th:g}", "theta": th} for th in thetas]
-            out.append(
-                _config(
-                    f"spexis_sp{n}_before",
-                    "sp",
-                    n,
-                    _sp_args(n, thetas[0]),
-                    variants=variants,
-                    python_path=old_python,
-                )
-            )
+            out.append(_sp_config(f"spexis_sp{n}_before", n, thetas, [], python_path=old_python))
     if draft_vocab is not None:  # each SP server again, drafting among the first K ids
         out += [_with_draft_vocab(c, draft_vocab) for c in out if c["kind"] == "sp"]
     return out
+
+
+def _sp_config(
+    name: str, n: int, thetas: List[float], args: List[str], **kwargs: Any
+) -> Dict[str, Any]:
+    """An SP server with ``args`` beside SP's own, one variant per theta (``<name>_theta<t>``)."""
+    variants = [{"name": f"{name}_theta{th:g}", "theta": th} for th in thetas]
+    return _config(name, "sp", n, _sp_args(n, thetas[0]) + args, variants=variants, **kwargs)
 
 
 def _with_draft_vocab(cfg: Dict[str, Any], k: int) -> Dict[str, Any]:
