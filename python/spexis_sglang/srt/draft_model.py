@@ -380,8 +380,6 @@ class _SpexisDraftMixin:
     def _spexis_trace(self, mode: str, rids: List[str], positions: List[int], ids, conf) -> None:
         if get_tensor_model_parallel_rank() != 0:
             return
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return
         record = {
             "mode": mode,
             "rids": list(rids or []),
@@ -419,19 +417,20 @@ class _SpexisDraftMixin:
         if self._spexis_length_path is not None:
             h = hidden if residual is None else hidden + residual
             out[PROXY_LENGTH_BUCKET] = buckets = self._spexis_length_buckets(h[last])
-        if self.spexis_deferred_drafts:
-            # SP's scheduler makes the drafts after the forward where it wants them
-            # (spexis_make_drafts); until then: draft PLACEHOLDER_TOKEN at confidence 0
-            out[PROXY_DRAFT_HIDDEN] = x
-            ids = torch.full((x.shape[0],), PLACEHOLDER_TOKEN, dtype=torch.int64, device=x.device)
-            conf = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
-        else:
+        out[PROXY_DRAFT_HIDDEN] = x
+        if not self.spexis_deferred_drafts:
             mode = forward_batch.forward_mode
             mask = None if mode.is_extend() else draft_mask_of(forward_batch)
-            ids, conf = head.drafts(x, self.model.embed_tokens.weight, mask)
-            if self._spexis_trace_path:
-                rids = list(forward_batch.rids or [])
-                self._spexis_trace(mode.name, rids, positions[last].tolist(), ids, conf)
+            trace = None
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            if self._spexis_trace_path and not capturing:  # (a replay writes no trace)
+                trace = (mode.name, list(forward_batch.rids or []), positions[last].tolist())
+            self.spexis_make_drafts(out.tensors, x.shape[0], mask, trace)
+            return out
+        # SP's scheduler makes the drafts after the forward where it wants them
+        # (spexis_make_drafts); until then: draft PLACEHOLDER_TOKEN at confidence 0
+        ids = torch.full((x.shape[0],), PLACEHOLDER_TOKEN, dtype=torch.int64, device=x.device)
+        conf = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
         out[PROXY_DRAFT_IDS] = ids
         out[PROXY_DRAFT_CONF] = conf
         # what stage 0's scheduler reads back, in one block (inside the graph when captured)
@@ -445,11 +444,12 @@ class _SpexisDraftMixin:
         draft_mask=None,
         trace: Optional[Tuple[str, List[str], List[int]]] = None,
     ) -> None:
-        """SP's stage 0: the drafts of a forward's first ``rows`` rows (a CUDA-graph replay's
-        outputs are padded) from the head's hidden state, in ``tensors`` in place of the
-        forward's placeholders. Outside the forward, so that a forward whose drafts nothing
-        would use skips the LM head, the head's largest read, even when it is a graph replay.
-        ``trace``: the forward's mode, request ids and positions, for ``SPEXIS_DRAFT_TRACE``."""
+        """The drafts of a forward's first ``rows`` rows (a CUDA-graph replay's outputs are
+        padded) from the head's hidden state, into ``tensors``: the forward's own last step,
+        or under SP the scheduler's after the forward, in place of the forward's placeholders,
+        so that a forward whose drafts nothing would use skips the LM head, the head's largest
+        read, even when it is a graph replay. ``trace``: the forward's mode, request ids and
+        positions, for ``SPEXIS_DRAFT_TRACE``."""
         x = tensors.pop(PROXY_DRAFT_HIDDEN)[:rows]
         ids, conf = self.spexis_draft_head.drafts(x, self.model.embed_tokens.weight, draft_mask)
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
