@@ -46,6 +46,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
 
+from spexis_sglang.srt.config import ENV_PROFILE_RANGES  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
 # Required on the offline H200 machines (docs/gpu.md, offline-site appendix), the line common.sh
@@ -161,6 +162,9 @@ def plan_configs(
             out.append(_sp_config(f"spexis_sp{n}_alphaauto", n, thetas, auto, alpha_auto=True))
         # the same SP servers from another copy of the package (--old-python): a before /
         # after in one call
+        if "spalpha1" in kinds and thetas:
+            # every draft dropped: stock PP's schedule run by SP's loop (what auto falls back to)
+            out.append(_sp_config(f"spexis_sp{n}_alpha1", n, thetas, ["--spexis-alpha", "1"]))
         if "spautoold" in kinds and thetas and old_python:
             name = f"spexis_sp{n}_alphaauto_before"
             out.append(_sp_config(name, n, thetas, auto, alpha_auto=True, python_path=old_python))
@@ -430,6 +434,59 @@ def measure_batch(
     return rec
 
 
+def profile_point(
+    srv: Server,
+    name: str,
+    batch: int,
+    in_len: int,
+    a: argparse.Namespace,
+    vocab: int,
+    rng: random.Random,
+    theta: Optional[float],
+    measured: Dict[str, Any],
+) -> Dict[str, Any]:
+    """Every rank's torch.profiler trace over ``--torch-profile-steps`` forwards of steady
+    decode at this point, summarised by ``timeline.py`` (the traces stay under OUT/traces).
+
+    A batch of ``3 * --output-len`` new tokens runs in the background; the profile starts
+    once its prefill is surely over (the point's short run's time) and each rank stops it
+    itself after the steps (SGLang's ``num_steps``), writing its trace before going on."""
+    import threading
+
+    import requests
+    from timeline import summarise  # benchmark/gpu/timeline.py, beside this script
+
+    trace_dir = os.path.join(a.out, "traces", name)
+    os.makedirs(trace_dir, exist_ok=True)
+    errors: List[str] = []
+
+    def load() -> None:
+        try:
+            one_run(srv, rng, batch, in_len, 3 * a.output_len, vocab, a.request_timeout, theta)
+        except Exception as e:  # noqa: BLE001 - reported with the summary
+            errors.append(repr(e))
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    time.sleep(measured.get("t_short_s") or 2.0)
+    body = {
+        "output_dir": trace_dir,
+        "num_steps": a.torch_profile_steps,
+        "activities": ["CPU", "GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+        "profile_id": name,
+    }
+    reply = requests.post(srv.base_url + "/start_profile", json=body, timeout=a.request_timeout)
+    worker.join()
+    if reply.status_code != 200:
+        errors.append(f"/start_profile: {reply.status_code} {reply.text[:200]}")
+    summary = summarise([trace_dir]).get(os.path.basename(trace_dir), {})
+    if errors:
+        summary["errors"] = errors
+    return summary
+
+
 def set_micro_batch_cap(
     srv: Server, cfg: Dict[str, Any], variant: Dict[str, Any], batch: int, a: argparse.Namespace
 ) -> Optional[int]:
@@ -560,6 +617,10 @@ def run_config(
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                     if warm_s is not None:
                         rec["auto_warmup_s"] = round(warm_s, 3)
+                    if (b, in_len, v) == (a.torch_profile_batch, a.input_len, variants[0]):
+                        rec["timeline"] = profile_point(
+                            srv, cfg["name"], b, in_len, a, vocab, rng, v.get("theta"), rec
+                        )
                     if micro:
                         rec["pp_max_micro_batch_size"] = micro
                 except Exception as e:  # noqa: BLE001 - record and go on
@@ -869,9 +930,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--kinds",
         default="pp1,pp,tp,sp",
-        help="subset of pp1,pp,tp,sp,ppa,spauto,spold,spautoold (ppa: stock PP with "
-        "--pp-async-batch-depth 1; spauto: SP with --spexis-alpha auto; spold, spautoold: "
-        "sp, spauto from --old-python)",
+        help="subset of pp1,pp,tp,sp,ppa,spauto,spalpha1,spold,spautoold (ppa: stock PP with "
+        "--pp-async-batch-depth 1; spauto, spalpha1: SP with --spexis-alpha auto, 1; spold, "
+        "spautoold: sp, spauto from --old-python)",
     )
     p.add_argument("--thetas", default="0.6,0.76,0.9", help="forced acceptances of the SP runs")
     p.add_argument(
@@ -945,6 +1006,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="--spexis-alpha auto servers: a batch of this many new tokens before each point "
         "(alpha settles at the point's load); 0: none",
     )
+    p.add_argument(
+        "--torch-profile-batch",
+        type=int,
+        default=None,
+        help="after measuring this B (first variant of each server), trace every rank with "
+        "torch.profiler (SGLang's /start_profile, loop steps named: SPEXIS_PROFILE_RANGES) "
+        "over --torch-profile-steps decode forwards; traces under OUT/traces/<config>, "
+        "their summary (timeline.py) in the point's record",
+    )
+    p.add_argument("--torch-profile-steps", type=int, default=30)
     p.add_argument("--min-server-s", type=float, default=120)
     p.add_argument("--min-batch-s", type=float, default=15)
     p.add_argument(
@@ -974,7 +1045,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for x in a.extra_input:
         n, _, bs = x.partition(":")
         a.extra_inputs.append((int(n), sorted({int(b) for b in bs.split(",") if b})))
-    bad = set(a.kinds) - {"pp1", "pp", "tp", "sp", "ppa", "spauto", "spold", "spautoold"}
+    bad = set(a.kinds) - {
+        "pp1",
+        "pp",
+        "tp",
+        "sp",
+        "ppa",
+        "spauto",
+        "spalpha1",
+        "spold",
+        "spautoold",
+    }
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
     if any(
@@ -998,6 +1079,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = parse_args(argv)
+    if a.torch_profile_batch is not None:
+        os.environ[ENV_PROFILE_RANGES] = "1"  # the servers name their loop steps in traces
     t_start = time.time()
     deadline = t_start + a.time_budget if a.time_budget > 0 else float("inf")
     gpus = a.num_gpus if a.num_gpus is not None else count_gpus()

@@ -132,6 +132,15 @@ def test_auto_before_runs_the_alpha_auto_server_from_the_old_package():
     assert names == []
 
 
+def test_plan_alpha_one_is_sp_with_every_draft_dropped():
+    (cfg,) = decode_throughput.plan_configs([2], [0.6, 0.76], ["spalpha1"])
+    assert cfg["kind"] == "sp" and not cfg.get("alpha_auto")
+    args = cfg["args"]
+    assert args[args.index("--spexis-alpha") + 1] == "1"
+    assert args[args.index("--pp-size") + 1] == "2"
+    assert [v["theta"] for v in cfg["variants"]] == [0.6, 0.76]
+
+
 class _FakeServer:
     def __init__(self, reply):
         self.reply, self.sent = reply, []

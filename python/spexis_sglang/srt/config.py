@@ -33,6 +33,10 @@ ENV_DRAFT_TRACE = "SPEXIS_DRAFT_TRACE"
 ENV_PHASE_TIMERS = "SPEXIS_PHASE_TIMERS"
 #: a path prefix: cProfile each rank's SP loop into PREFIX.pp{rank}.tp{rank}.prof
 ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
+#: "1": each step of a rank's PP loop (stock or SP) is a named range in a torch.profiler trace
+#: (SGLang's /start_profile), so a GPU timeline shows what the host did meanwhile
+#: (profiling.ProfilerRanges)
+ENV_PROFILE_RANGES = "SPEXIS_PROFILE_RANGES"
 #: a file to which stage 0's scheduler (TP rank 0) appends one JSON line per SP decode batch:
 #: each row's request, position, input token, draft, confidence and length bucket, as the
 #: scheduler received them (CUDA-graph replays included; ENV_DRAFT_TRACE sees eager forwards)

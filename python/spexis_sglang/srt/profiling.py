@@ -7,14 +7,38 @@ whatever function waited. The scheduler runs in a child process that is killed a
 the statistics are written every ``interval_s`` seconds instead of at exit. Read them
 with ``python -m pstats FILE``.
 
+:class:`ProfilerRanges` (``SPEXIS_PROFILE_RANGES``): the PP loop's steps as named ranges of a
+``torch.profiler`` trace (SGLang's ``/start_profile``), read by ``benchmark/gpu/timeline.py``.
+
 :class:`DraftLog` (``SPEXIS_DRAFT_LOG``): stage 0's drafts per decode batch.
 """
 
 from __future__ import annotations
 
 import cProfile
+import functools
 import json
+import logging
 import time
+from typing import Any, Callable, Sequence
+
+logger = logging.getLogger(__name__)
+
+#: the range prefix (``spexis::run_batch``); ``benchmark/gpu/timeline.py`` reads it
+RANGE_PREFIX = "spexis::"
+
+#: the SP loop's steps (sp_loop.sp_iteration) and what stage 0 does inside its launch
+SP_RANGE_METHODS = (
+    "_sp_schedule",
+    "_sp_collect",
+    "_sp_launch",
+    "_sp_send",
+    "_sp_verify",
+    "run_batch",
+    "_sp_resolve_rows",
+    "_sp_make_drafts",
+    "_sp_start_draft_readback",
+)
 
 
 class LoopProfiler:
@@ -32,6 +56,37 @@ class LoopProfiler:
             self.profile.dump_stats(self.path)
             self.last_dump = now
             self.profile.enable()
+
+
+class ProfilerRanges:
+    """Wraps, on one scheduler instance, the methods its PP loop calls in a
+    ``torch.profiler.record_function`` range named ``spexis::<method>``.
+
+    In a trace the ranges show which loop step the host was in while the device idled, and
+    the device work each launched (Kineto's ``gpu_user_annotation``). Installed only under
+    ``SPEXIS_PROFILE_RANGES=1``: a range costs a few microseconds per call even while no
+    profiler runs.
+    """
+
+    def __init__(self, scheduler: Any, names: Sequence[str]):
+        import torch
+
+        self._record_function = torch.profiler.record_function
+        self.names = tuple(n for n in names if hasattr(scheduler, n))
+        for name in self.names:
+            setattr(scheduler, name, self._wrap(getattr(scheduler, name), name))
+        logger.info("Spexis: profiler ranges on %s", ", ".join(self.names))
+
+    def _wrap(self, fn: Callable, name: str) -> Callable:
+        label = RANGE_PREFIX + name
+        record_function = self._record_function
+
+        @functools.wraps(fn)
+        def ranged(*args, **kwargs):
+            with record_function(label):
+                return fn(*args, **kwargs)
+
+        return ranged
 
 
 class DraftLog:

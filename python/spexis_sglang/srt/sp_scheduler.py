@@ -74,8 +74,9 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from spexis_sglang.srt import sp_grammar
-from spexis_sglang.srt.config import SpexisConfig, get_config
+from spexis_sglang.srt.config import ENV_PROFILE_RANGES, SpexisConfig, env_flag, get_config
 from spexis_sglang.srt.input_validation import request_input_error
+from spexis_sglang.srt.profiling import SP_RANGE_METHODS, ProfilerRanges
 from spexis_sglang.srt.protocol import FORCE_ACCEPT_PARAM, FORCED_LABEL, PROXY_RETURNED
 from spexis_sglang.srt.request_checks import hidden_states_error
 from spexis_sglang.srt.sp_admission import SPAdmissionMixin
@@ -91,6 +92,7 @@ from spexis_sglang.srt.sp_records import SPLoopState
 from spexis_sglang.srt.sp_setup import SPSetupMixin
 from spexis_sglang.srt.sp_verify import SPVerifyMixin
 from spexis_sglang.srt.stats import (
+    STOCK_PP_RANGE_METHODS,
     StockPPPhaseTimers,
     log_rank_state,
     phase_timers_enabled,
@@ -156,7 +158,11 @@ class SpexisScheduler(
         if not self.sp_enabled:
             if phase_timers_enabled():
                 self.stock_pp_timers = StockPPPhaseTimers(self)
+            if env_flag(ENV_PROFILE_RANGES):
+                ProfilerRanges(self, STOCK_PP_RANGE_METHODS)
             return super().event_loop_pp()
+        if env_flag(ENV_PROFILE_RANGES):
+            ProfilerRanges(self, SP_RANGE_METHODS)
         return self.event_loop_sp()
 
     def _pp_send_dict_to_next_stage(self, tensor_dict, async_send=True, msg_type="default"):

@@ -189,6 +189,10 @@ STOCK_PP_PHASE_METHODS: Dict[str, Sequence[str]] = {
     "send": ("_pp_send_dict_to_next_stage",),
 }
 STOCK_PP_PHASES = tuple(STOCK_PP_PHASE_METHODS)
+#: the same calls and the forward inside the launch, as profiler ranges (profiling.ProfilerRanges)
+STOCK_PP_RANGE_METHODS = tuple(n for names in STOCK_PP_PHASE_METHODS.values() for n in names) + (
+    "run_batch",
+)
 
 
 class StockPPPhaseTimers:
