@@ -456,7 +456,7 @@ def profile_point(
     import requests
     from timeline import summarise  # benchmark/gpu/timeline.py, beside this script
 
-    trace_dir = os.path.join(a.out, "traces", name)
+    trace_dir = os.path.join(a.out, "traces", f"{name}_B{batch}")
     os.makedirs(trace_dir, exist_ok=True)
     errors: List[str] = []
 
@@ -617,10 +617,6 @@ def run_config(
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                     if warm_s is not None:
                         rec["auto_warmup_s"] = round(warm_s, 3)
-                    if (b, in_len, v) == (a.torch_profile_batch, a.input_len, variants[0]):
-                        rec["timeline"] = profile_point(
-                            srv, cfg["name"], b, in_len, a, vocab, rng, v.get("theta"), rec
-                        )
                     if micro:
                         rec["pp_max_micro_batch_size"] = micro
                 except Exception as e:  # noqa: BLE001 - record and go on
@@ -647,6 +643,23 @@ def run_config(
                     ),
                     flush=True,
                 )
+        # last, when every point is measured: a process that ran torch.profiler twice has
+        # been seen to crash (in Kineto's trace destructor) when the second profile ended
+        v, first = variants[0], results[0]
+        for rec in first["batches"]:
+            if rec["batch"] not in a.torch_profile_batches or rec.get("input_len") != a.input_len:
+                continue
+            b, theta = rec["batch"], v.get("theta")
+            try:
+                set_micro_batch_cap(srv, cfg, v, b, a)
+                if cfg.get("alpha_auto") and a.auto_warmup_len > 0:  # settled at this B again
+                    one_run(srv, rng, b, a.input_len, a.auto_warmup_len, vocab, 600.0, theta)
+                rec["timeline"] = profile_point(
+                    srv, cfg["name"], b, a.input_len, a, vocab, rng, theta, rec
+                )
+            except Exception as e:  # noqa: BLE001 - the points stand; the trace is lost
+                rec["timeline"] = {"error": repr(e)}
+                print(f"  {model} {cfg['name']} B={b}: profile failed: {e!r}", flush=True)
     except Exception as e:  # noqa: BLE001
         current["status"] = "failed"
         current["error"] = repr(e)
@@ -1007,12 +1020,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "(alpha settles at the point's load); 0: none",
     )
     p.add_argument(
-        "--torch-profile-batch",
-        type=int,
-        default=None,
-        help="after measuring this B (first variant of each server), trace every rank with "
+        "--torch-profile-batches",
+        default="",
+        help="B1,B2,...: after measuring these B (first variant of each server), trace every rank with "
         "torch.profiler (SGLang's /start_profile, loop steps named: SPEXIS_PROFILE_RANGES) "
-        "over --torch-profile-steps decode forwards; traces under OUT/traces/<config>, "
+        "over --torch-profile-steps decode forwards; traces under OUT/traces/<config>_B<B>, "
         "their summary (timeline.py) in the point's record",
     )
     p.add_argument("--torch-profile-steps", type=int, default=30)
@@ -1039,6 +1051,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.model = a.model or ["llama-3.1-8b"]
     a.batches = sorted({int(x) for x in a.batches.split(",") if x})
+    a.torch_profile_batches = {int(x) for x in a.torch_profile_batches.split(",") if x}
     a.thetas = [float(x) for x in a.thetas.split(",") if x]
     a.kinds = [k for k in a.kinds.split(",") if k]
     a.extra_inputs = []
@@ -1079,7 +1092,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = parse_args(argv)
-    if a.torch_profile_batch is not None:
+    if a.torch_profile_batches:
         os.environ[ENV_PROFILE_RANGES] = "1"  # the servers name their loop steps in traces
     t_start = time.time()
     deadline = t_start + a.time_budget if a.time_budget > 0 else float("inf")

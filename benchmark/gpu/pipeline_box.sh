@@ -10,8 +10,9 @@
 #   decode    benchmark/gpu/decode_throughput.py for $MODELS: $KINDS at $BATCHES (and
 #             $EXTRA_INPUT sweeps on the same servers), Θ = $THETAS, one KV budget, graphs on;
 #             the table of pipeline_ratio.py last (SP/PP beside the ideal ratio);
-#             PROFILE_BATCH=B: each server's torch.profiler trace at B as well (timeline.py
-#             summarises every rank's host steps and device gaps per forward: timeline.json)
+#             PROFILE_BATCHES=B1,B2: each server's torch.profiler trace at these B as well
+#             (timeline.py summarises every rank's host steps and device gaps per forward:
+#             timeline.json; the traces in traces.tar.gz, for https://ui.perfetto.dev)
 # SPEXIS_PHASE_TIMERS=1 times stock PP's loop by phase too (a few µs per step): stage 0's in
 # each point's stock_phase_ms_per_iteration; every later rank's, stock and SP, in later_stages.
 # TRANSPORT=ipc (default; the same link for stock PP and SP) or nccl. The IPC transport is
@@ -59,14 +60,17 @@ if [[ " $STEPS " == *" decode "* ]]; then
   # graphs for exactly the batches measured (SP: B rows, stock PP: B/2 a micro-batch) and a
   # few small ones: capturing every bucket up to 512 took ~40 s per rank at start-up
   XARGS+=(--server-arg=--cuda-graph-bs); for b in ${GRAPH_BS:-1 2 4 8 16 32 64 128 256 512}; do XARGS+=("--server-arg=$b"); done
-  if [ -n "${PROFILE_BATCH:-}" ]; then XARGS+=(--torch-profile-batch "$PROFILE_BATCH"); fi
+  if [ -n "${PROFILE_BATCHES:-}" ]; then XARGS+=(--torch-profile-batches "$PROFILE_BATCHES"); fi
   # shellcheck disable=SC2086
   python3 "$HERE/decode_throughput.py" "${MARGS[@]}" --kinds "$KINDS" --thetas "$THETAS" \
     --batches "$BATCHES" "${XARGS[@]}" --stages 2 --num-gpus 2 --time-budget "$LEFT" \
     --min-server-s 70 --min-batch-s 8 --max-total-tokens "${KV:-160000}" \
     --context-length "${CONTEXT:-4096}" --out "$OUT" ${EXTRA:-} || RC=1
   rm -f "$OUT"/profile_*.json  # the planner's input: not needed from this box
-  if [ -d "$OUT/traces" ]; then python3 "$HERE/timeline.py" "$OUT/traces" --out "$OUT/timeline.json"; fi
+  if [ -d "$OUT/traces" ]; then
+    python3 "$HERE/timeline.py" "$OUT/traces" --out "$OUT/timeline.json"
+    tar -C "$OUT" -czf "$OUT/traces.tar.gz" traces && rm -rf "$OUT/traces"
+  fi
 fi
 echo "=== done in $((SECONDS - T0)) s (exit $RC)"
 exit $RC

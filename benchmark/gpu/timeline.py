@@ -13,7 +13,9 @@ range: ``srt/profiling.py``) and answers, per rank, over the profiled decode for
   ended, if later) to the forward's last kernel: what a CUDA-event timer around the launch
   reads, split into device work and idle gaps (the device waiting for the host);
 * the host ops and the CUDA runtime calls that took the most time inside ``run_batch``, and
-  the eager device work by kernel.
+  the eager device work by kernel;
+* with several ranks' traces of one server (ranks sharing one GPU): the idle gaps inside each
+  rank's CUDA-graph replays, and how much of them another rank's kernels filled.
 
     python3 benchmark/gpu/timeline.py TRACE_DIR_OR_FILES... --out timeline.json
 """
@@ -21,6 +23,7 @@ range: ``srt/profiling.py``) and answers, per rank, over the profiled decode for
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import gzip
 import json
@@ -223,6 +226,77 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
     return out
 
 
+def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[Tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _overlap(gap: Tuple[float, float], merged: List[Tuple[float, float]], starts: List[float]):
+    s, e = gap
+    i = max(0, bisect.bisect_right(starts, s) - 1)
+    total = 0.0
+    while i < len(merged) and merged[i][0] < e:
+        total += max(0.0, min(e, merged[i][1]) - max(s, merged[i][0]))
+        i += 1
+    return total
+
+
+def graph_gaps(events: List[Dict[str, Any]], skip: int = 2) -> List[List[Tuple[float, float]]]:
+    """Per CUDA-graph replay (the first and last ``skip`` left out): the gaps between its
+    consecutive kernels, when the device ran nothing of that replay."""
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in LAUNCH_CATS and "Graph" in e["name"] and "correlation" in e["args"]
+    }
+    replays: Dict[int, List[Tuple[float, float]]] = {}
+    for op in events:
+        corr = op.get("args", {}).get("correlation") if op.get("cat") in GPU_CATS else None
+        if corr in launches:
+            replays.setdefault(corr, []).append((op["ts"], op["ts"] + op["dur"]))
+    ordered = [sorted(replays[c]) for c in sorted(replays, key=lambda c: launches[c]["ts"])]
+    ordered = ordered[skip : len(ordered) - skip]
+    gaps = []
+    for ops in ordered:
+        merged = _merged(ops)
+        gaps.append([(a[1], b[0]) for a, b in zip(merged, merged[1:])])
+    return gaps
+
+
+def cross_rank_stalls(events_by_rank: Dict[str, List[Dict[str, Any]]], skip: int = 2):
+    """Ranks sharing one GPU (the emulated box): per rank, the idle gaps inside its own graph
+    replays per replay, and the part of them during which another rank's device work ran. On
+    separate GPUs a replay never waits for another rank's kernels; on one GPU split by MPS a
+    large kernel of one rank can hold back the next kernel of the other's."""
+    busy = {
+        r: _merged((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") in GPU_CATS)
+        for r, evs in events_by_rank.items()
+    }
+    out: Dict[str, Any] = {}
+    for rank, evs in events_by_rank.items():
+        replays = graph_gaps(evs, skip)
+        if not replays:
+            continue
+        others = _merged(iv for r, ivs in busy.items() if r != rank for iv in ivs)
+        starts = [s for s, _ in others]
+        gap_total = sum(e - s for gaps in replays for s, e in gaps)
+        shared = sum(_overlap(g, others, starts) for gaps in replays for g in gaps)
+        out[rank] = {
+            "replays": len(replays),
+            "graph_gaps_ms_per_replay": round(gap_total / 1e3 / len(replays), 4),
+            "of_which_other_rank_busy_ms": round(shared / 1e3 / len(replays), 4),
+            "gaps_over_100us_per_replay": round(
+                sum(e - s > 100 for gaps in replays for s, e in gaps) / len(replays), 2
+            ),
+        }
+    return out
+
+
 def trace_files(paths: Sequence[str]) -> List[str]:
     files: List[str] = []
     for p in paths:
@@ -236,12 +310,20 @@ def trace_files(paths: Sequence[str]) -> List[str]:
 def summarise(paths: Sequence[str], skip: int = 2) -> Dict[str, Any]:
     """``{trace file's directory name: {rank: analysis}}``."""
     out: Dict[str, Any] = {}
+    loaded: Dict[str, Dict[str, List[Dict[str, Any]]]] = {}
     for path in trace_files(paths):
         group = os.path.basename(os.path.dirname(path)) or "."
+        rank = rank_label(path)
         try:
-            out.setdefault(group, {})[rank_label(path)] = analyse(load_events(path), skip)
+            events = load_events(path)
+            out.setdefault(group, {})[rank] = analyse(events, skip)
+            loaded.setdefault(group, {})[rank] = events
         except (OSError, ValueError, KeyError) as e:
-            out.setdefault(group, {})[rank_label(path)] = {"error": repr(e)}
+            out.setdefault(group, {})[rank] = {"error": repr(e)}
+    for group, ranks in loaded.items():
+        if len(ranks) > 1:
+            for rank, stalls in cross_rank_stalls(ranks, skip).items():
+                out[group][rank]["graph_gaps"] = stalls
     return out
 
 
@@ -269,6 +351,8 @@ def print_table(summary: Dict[str, Any]) -> None:
             pf = a["per_forward"]
             print("   " + ", ".join(f"{k} {pf[k]['median']}" for k in keys if pf.get(k)))
             print("   host per forward by step:", a["host_ms_per_forward_by_step"])
+            if a.get("graph_gaps"):
+                print("   inside graph replays:", a["graph_gaps"])
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -10,6 +10,8 @@ records placeholders and hands the copy over for a later ranking.
 
 from __future__ import annotations
 
+import io
+import json
 from collections import deque
 
 import numpy as np
@@ -197,6 +199,26 @@ def test_a_prefill_between_launches_discards_the_sample() -> None:
     # samples need depth consecutive launches before them: (2 -> 3) and (8 -> 9) only
     assert ctrl.online.samples == 2.0
     assert ctrl.online._lat[2] == 2.0  # two 1-second periods, not the 48 s gap
+
+
+def test_the_launch_log_says_what_each_sample_was_set_against() -> None:
+    ctrl = AlphaController(8, depth=2, num_stages=2, auto=True)
+    ctrl.sample_log = io.StringIO()
+    t = iter([0.0, 1.0, 3.0, 50.0])
+    ctrl._clock = lambda: next(t)
+    st = SlotState(8, depth=2)
+    st.admit(np.arange(4), 5, 7)
+    rows = st.next_rows()
+    ctrl.select(st, rows, 4)
+    for it in (1, 2, 3, 7):
+        ctrl.on_launch(rows, it)
+    lines = [json.loads(x) for x in ctrl.sample_log.getvalue().splitlines()]
+    assert [x["iteration"] for x in lines] == [1, 2, 3, 7]
+    assert [x["sampled"] for x in lines] == [False, False, True, False]
+    assert lines[2]["seconds"] == pytest.approx(2.0) and lines[2]["pipe_rows"] == [4, 4]
+    assert lines[0]["seconds"] is None and lines[3]["pipe_rows"] == []
+    assert all(x["rows"] == 4 and x["alpha"] == ctrl.iteration_alpha for x in lines)
+    assert ctrl.online.samples == 1.0
 
 
 def test_auto_moves_alpha_and_fixed_only_observes() -> None:

@@ -37,6 +37,10 @@ ENV_PROFILE_LOOP = "SPEXIS_PROFILE_LOOP"
 #: (SGLang's /start_profile), so a GPU timeline shows what the host did meanwhile
 #: (profiling.ProfilerRanges)
 ENV_PROFILE_RANGES = "SPEXIS_PROFILE_RANGES"
+#: a file to which stage 0's alpha controller appends one JSON line per decode launch: the
+#: time since the previous launch, the rows of the batches in the pipe it is set against,
+#: this iteration's alpha and kind (probe, explore) and whether it became a latency sample
+ENV_ALPHA_LOG = "SPEXIS_ALPHA_LOG"
 #: a file to which stage 0's scheduler (TP rank 0) appends one JSON line per SP decode batch:
 #: each row's request, position, input token, draft, confidence and length bucket, as the
 #: scheduler received them (CUDA-graph replays included; ENV_DRAFT_TRACE sees eager forwards)

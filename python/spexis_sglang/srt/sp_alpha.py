@@ -67,6 +67,7 @@ drafts are the ones an immediate read would have given them.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -167,6 +168,8 @@ class AlphaController:
         )
         self.depth = int(depth)
         self._clock = clock
+        #: an open text file: one line per decode launch (SPEXIS_ALPHA_LOG), or None
+        self.sample_log = None
         # rank bin of the launched speculative row at (slot, position % depth); -1: launched
         # on an iteration that was not observed (its verdict is not credited)
         self._ring = np.zeros((capacity, self.depth), dtype=np.int64)
@@ -355,6 +358,7 @@ class AlphaController:
                 self._launch_tag = None
         now = self._clock()
         last = self._last_launch
+        sampled = False
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
         elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
@@ -362,11 +366,28 @@ class AlphaController:
             self.online.record_iteration(
                 max(self._pipe_rows), now - last[1], weight, waited=self._waited
             )
+            sampled = True
+        if self.sample_log is not None:
+            self._log_launch(rows, iteration, now, last, sampled)
         self._pipe_rows.append(len(rows))
         self._last_launch = (iteration, now)
         self._launches += 1
         if observed:
             self._observed_launch = self._launches
+
+    def _log_launch(self, rows: Rows, iteration: int, now: float, last, sampled: bool) -> None:
+        """One JSON line per decode launch (``SPEXIS_ALPHA_LOG``; what the latency fit saw)."""
+        line = {
+            "iteration": iteration,
+            "rows": len(rows),
+            "pipe_rows": list(self._pipe_rows),
+            "seconds": None if last is None else round(now - last[1], 6),
+            "alpha": self.iteration_alpha,
+            "probe": bool(self.online.probing),
+            "explore": bool(self.online.exploring),
+            "sampled": sampled,
+        }
+        self.sample_log.write(json.dumps(line) + "\n")
 
     def on_result(self, rows: Rows, verdict: np.ndarray) -> None:
         """Verdicts of a returned batch: each ACCEPTED / REJECTED row verified the draft of

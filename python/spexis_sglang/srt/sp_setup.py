@@ -18,6 +18,7 @@ from sglang.srt.runtime_context import get_observability, get_parallel
 from spexis_sglang.core.slot_state import SlotState
 from spexis_sglang.srt import sp_grammar
 from spexis_sglang.srt.config import (
+    ENV_ALPHA_LOG,
     ENV_DRAFT_LOG,
     ENV_GPU_TIMERS,
     ENV_PP_TRANSPORT,
@@ -183,7 +184,7 @@ class SPSetupMixin:
                 cfg.alpha_interval,
                 cfg.alpha_explore,
             )
-        return AlphaController(
+        controller = AlphaController(
             capacity,
             depth=self.pp_loop_size,
             num_stages=self.ps.pp_size,
@@ -193,6 +194,10 @@ class SPSetupMixin:
             explore=cfg.alpha_explore,
             observe_every=cfg.alpha_observe,
         )
+        log_path = env_value(ENV_ALPHA_LOG)
+        if log_path and self.ps.tp_rank == 0:
+            controller.sample_log = open(log_path, "a", buffering=1)  # line by line
+        return controller
 
     def _sp_open_link(self: SpexisScheduler):
         """``SPEXIS_PP_TRANSPORT=ipc`` with every PP rank on one GPU: the PP tensor messages
