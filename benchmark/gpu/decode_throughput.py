@@ -434,6 +434,32 @@ def measure_batch(
     return rec
 
 
+def auto_warmup(
+    srv: Server,
+    rng: random.Random,
+    batch: int,
+    in_len: int,
+    a: argparse.Namespace,
+    vocab: int,
+    theta: Optional[float],
+) -> Optional[float]:
+    """``--spexis-alpha auto`` follows the load over a few hundred iterations (its estimates'
+    half-life): before a point it runs batches shaped like the point's long run until each
+    request made ``--auto-warmup-len`` new tokens, so alpha settles at this B, Theta and
+    context, as a server under a steady load would run. One long batch instead would not fit
+    the KV budget at large B (512 requests of 128 + 768 tokens are 459K tokens): the server
+    would run a third of them at a time at three to seven times the context, and alpha would
+    settle there. Returns the seconds it took (None: no warm-up)."""
+    if a.auto_warmup_len <= 0:
+        return None
+    runs = -(-a.auto_warmup_len // a.output_len)
+    total = 0.0
+    for _ in range(runs):
+        dt, _, _ = one_run(srv, rng, batch, in_len, a.output_len, vocab, a.request_timeout, theta)
+        total += dt
+    return total
+
+
 def profile_point(
     srv: Server,
     name: str,
@@ -600,20 +626,8 @@ def run_config(
                 try:
                     micro = set_micro_batch_cap(srv, cfg, v, b, a)
                     warm_s = None
-                    if cfg.get("alpha_auto") and a.auto_warmup_len > 0:
-                        # --spexis-alpha auto follows the load over a few hundred iterations
-                        # (its estimates' half-life): measure it settled at this B and Theta,
-                        # as a server under a steady load would run
-                        warm_s, _, _ = one_run(
-                            srv,
-                            rng,
-                            b,
-                            in_len,
-                            a.auto_warmup_len,
-                            vocab,
-                            a.request_timeout,
-                            v.get("theta"),
-                        )
+                    if cfg.get("alpha_auto"):
+                        warm_s = auto_warmup(srv, rng, b, in_len, a, vocab, v.get("theta"))
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                     if warm_s is not None:
                         rec["auto_warmup_s"] = round(warm_s, 3)
@@ -652,8 +666,8 @@ def run_config(
             b, theta = rec["batch"], v.get("theta")
             try:
                 set_micro_batch_cap(srv, cfg, v, b, a)
-                if cfg.get("alpha_auto") and a.auto_warmup_len > 0:  # settled at this B again
-                    one_run(srv, rng, b, a.input_len, a.auto_warmup_len, vocab, 600.0, theta)
+                if cfg.get("alpha_auto"):  # settled at this B again
+                    auto_warmup(srv, rng, b, a.input_len, a, vocab, theta)
                 rec["timeline"] = profile_point(
                     srv, cfg["name"], b, a.input_len, a, vocab, rng, theta, rec
                 )
@@ -1016,8 +1030,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "--auto-warmup-len",
         type=int,
         default=256,
-        help="--spexis-alpha auto servers: a batch of this many new tokens before each point "
-        "(alpha settles at the point's load); 0: none",
+        help="--spexis-alpha auto servers: before each point, batches shaped like its long "
+        "run until each request made this many new tokens (alpha settles at the point's "
+        "load); 0: none",
     )
     p.add_argument(
         "--torch-profile-batches",

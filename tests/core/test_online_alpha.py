@@ -323,16 +323,17 @@ def test_probes_run_at_alpha_zero_only() -> None:
     assert {oa.next_iteration(B) for _ in range(40)} == {0.2, 0.0}
     assert oa.probe_iterations == 0
     zero = OnlineAlpha(N, interval=1000, explore=4, initial=0.0)
-    alphas = [zero.next_iteration(B) for _ in range(12)]
-    # explore iterations (every 4th) are ordinary at alpha 0; probes of N iterations (every
-    # 4th from the 6th) fall between them
-    assert alphas == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
-    assert zero.probe_iterations == 4 and zero.explore_iterations == 3
-    # a due explore waits for the probe to end (here: 3 stages, probe at 6-8, explore at 8)
-    three = OnlineAlpha(3, interval=1000, explore=4, initial=0.0)
-    alphas = [three.next_iteration(B) for _ in range(10)]
-    assert alphas == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
-    assert three.explore_iterations == 2  # at 4 and 9
+    alphas = [zero.next_iteration(B) for _ in range(20)]
+    # explore iterations (every 4th) are ordinary at alpha 0; probes of N iterations every
+    # max(explore, 4 N) = 8 iterations, from the 10th (half an explore period after the 8th)
+    assert [i + 1 for i, a in enumerate(alphas) if a == 1.0] == [10, 11, 18, 19]
+    assert zero.probe_iterations == 4 and zero.explore_iterations == 5
+    # a due explore waits for the probe to end (here: a probe of 3 at 14-16, an explore due
+    # at 16 runs at 17)
+    three = OnlineAlpha(3, interval=1000, explore=4, initial=0.0, probe_length=3)
+    alphas = [three.next_iteration(B) for _ in range(17)]
+    assert [i + 1 for i, a in enumerate(alphas) if a == 1.0] == [14, 15, 16]
+    assert three._last_explore == 17 and three.explore_iterations == 4  # 4, 8, 12, 17
 
 
 def test_explore_period_stays_at_its_base_below_alpha_one() -> None:

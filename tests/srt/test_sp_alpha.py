@@ -66,6 +66,9 @@ class Pipeline:
         self.inflight: deque = deque()
         self.last = None
         self.now, self.a, self.slope = 0.0, a, slope
+        # which batch in the pipe sets the time between two launches: the largest, or the
+        # oldest (the SP loop's launch waits for the true tokens of the oldest one)
+        self.pace = max
         ctrl._clock = lambda: self.now
         self.pipe_rows: deque = deque(maxlen=n)
         self.expected_bin: dict = {}  # (slot, position, epoch) of a launched spec row -> bin
@@ -119,7 +122,7 @@ class Pipeline:
         # the time since the previous launch is the previous iteration's: rows then in the pipe,
         # and this iteration's wait for the confidences where its drops depended on them
         if self.pipe_rows:
-            self.now += self.a + self.slope * max(self.pipe_rows)
+            self.now += self.a + self.slope * self.pace(self.pipe_rows)
             if 0.0 < ctrl.iteration_alpha < 1.0:
                 self.now += self.wait
         self.iteration += 1
@@ -447,12 +450,40 @@ def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> 
         waits += ctrl.needs_confidences()
         observes += ctrl.wants_confidences()
         pipe.step()
-    assert ctrl.online.probe_iterations - probes == 20 and waits == 0
+    # ten probes of depth + 1 iterations (so that some samples see only probe batches)
+    assert ctrl.online.probe_iterations - probes == 10 * (ctrl.depth + 1) and waits == 0
     assert observes == 80  # its explore iterations
     pipe.a, pipe.slope = 0.0, 0.1
     for _ in range(3000):
         pipe.step()
     assert ctrl.alpha == 1.0
+
+
+@pytest.mark.parametrize("probe_length", [None, 2])
+def test_probes_in_a_deeper_pipe_paced_by_its_oldest_batch(probe_length) -> None:
+    """Three batches in flight on two stages (SGLang's async batch depth 1), each launch
+    waiting for the oldest one's tokens: samples around a probe, paced by a full batch and
+    a probe batch both, are left out, and a probe one longer than the pipe gives samples of
+    probe batches alone, so alpha follows a stage turned proportional to its rows. A probe
+    of N = 2 iterations never fills the pipe: alpha stays at 0."""
+    ctrl = AlphaController(64, depth=3, num_stages=2, auto=True, interval=20)
+    if probe_length is not None:
+        ctrl.online.probe_length = probe_length
+    pipe = Pipeline(ctrl, 3, b=32, seed=5, a=2.0, slope=1e-4)  # flat: alpha 0
+    pipe.pace = lambda rows: rows[0]
+    for _ in range(2000):
+        pipe.step()
+    assert ctrl.alpha == 0.0
+    probes = ctrl.online.probe_iterations
+    pipe.a, pipe.slope = 0.0, 0.1
+    for _ in range(3000):
+        pipe.step()
+    assert ctrl.online.probe_iterations > probes
+    small = [x for x, _, w in ctrl.online.latency_by_rows() if x < 24 and w > 0.01]
+    if probe_length is None:
+        assert ctrl.online.probe_length == 4 and ctrl.alpha == 1.0
+    else:  # no sample ever saw the probes' B/N rows alone
+        assert ctrl.alpha == 0.0 and not small
 
 
 def test_auto_inside_zero_one_and_fixed_alpha_wait_where_drops_need_them() -> None:

@@ -50,12 +50,19 @@ At ``alpha = 0`` with a steady batch every iteration carries the same rows, so t
 sees no spread and cannot notice that a stage's time has turned proportional to its rows (the
 batch grew into the compute-bound range): the last fit would stand for ever, and ``alpha``
 would stay at 0 where 1 is worth more (seen on the emulated two-GPU box at B = 512). So while
-``alpha`` is 0 a *probe* runs every ``probe_period`` iterations: ``N`` consecutive iterations
-at ``alpha = 1`` (about B/N rows each), so that for a moment every batch in the pipe is small
-and the time between launches is what B/N rows cost (the stages run their batches at once, so
-one small batch among full ones would not shorten it; the caller sets each sample against the
-largest batch in the pipe). The probe period starts at ``explore`` and doubles at each choice
-that keeps ``alpha`` at 0, up to ``explore_max``; any other choice resets it. A due explore
+``alpha`` is 0 a *probe* runs every ``probe_period`` iterations: ``probe_length`` consecutive
+iterations at ``alpha = 1`` (about B/N rows each), so that for a moment every batch in the pipe
+is small and the time between launches is what B/N rows cost. The caller sets a sample against
+the batches in its pipe and leaves out those whose pipe held probe and other batches both (the
+time between two launches is paced by the oldest batch in the pipe, whose true tokens the
+later launch waited for, not by the largest one: set against the largest, the first samples
+after a probe read B rows at B/N rows' time); so a probe is one iteration longer than the
+caller's pipeline depth (``N`` plus SGLang's async batch depth), or no sample would see only
+probe batches: with a probe of ``N`` iterations in a pipe three deep, the emulated two-GPU box
+put 256 rows at 17 ms (B = 512, Llama-3.1-8B shape) where they took 12, and ``alpha`` stayed
+at 0 where 1 ran 1.16-1.35x faster. The probe period starts at ``max(explore, 4 *
+probe_length)`` and doubles at each choice that keeps ``alpha`` at 0, up to ``explore_max``;
+any other choice resets it. A due explore
 iteration waits for a probe to end. A probe launches no observed drafts (the caller observes
 explore iterations only), and its drafts are held, not lost. Alternatives
 considered: keeping a random share of the would-be drops in every iteration (spreads the
@@ -358,6 +365,7 @@ class OnlineAlpha:
         settled_margin: float = 0.02,
         reversal_backoff: float = 2.0,
         history: int = 1000,
+        probe_length: int | None = None,
     ) -> None:
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")
@@ -392,11 +400,16 @@ class OnlineAlpha:
         self.explore_gap = max(self.explore, 1)
         #: this iteration is a latency probe at alpha 1 (alpha 0 only; see the module docstring)
         self.probing = False
-        self.probe_period = self.explore
+        #: iterations of one probe: the caller's pipeline depth and one more, so that some
+        #: latency samples see nothing but probe batches in the pipe (default ``num_stages``)
+        self.probe_length = max(1, int(probe_length or num_stages))
+        # the probe period's start (and reset) value: a probe takes a quarter of it at most
+        self._probe_base = max(self.explore, 4 * self.probe_length)
+        self.probe_period = self._probe_base
         # a probe falls half an explore period after an explore (the first one, or the choice
         # that resets the period), so the two seldom meet
         self._probe_offset = max(self.explore // 2, 1)
-        self._next_probe = self.explore + self._probe_offset
+        self._next_probe = self._probe_base + self._probe_offset
         self.probe_iterations = 0
         self._probe_left = 0  # iterations of the running probe still to come
         self.half_life = float(half_life)
@@ -470,7 +483,7 @@ class OnlineAlpha:
             self.probing = self._probe_due(self.iteration)
             if not self.probing:
                 return self.alpha
-            self._probe_left = self.num_stages
+            self._probe_left = self.probe_length
             self._next_probe = self.iteration + self.probe_period
         self._probe_left -= 1
         self.probe_iterations += 1
@@ -747,7 +760,7 @@ class OnlineAlpha:
             # alpha 0 stands: probe the latency at alpha 1 half as often
             self.probe_period = min(2 * self.probe_period, self.explore_max)
         else:
-            self.probe_period = self.explore
+            self.probe_period = self._probe_base
             self._next_probe = self.iteration + self._probe_offset
         self.history.append((self.iteration, self.alpha))
         return self.alpha

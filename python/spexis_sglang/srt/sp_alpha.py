@@ -21,7 +21,8 @@ prefill or an idle iteration between them discards the sample). In that time sta
 part of the newest batch while the later stages ran the batches before it, all at once, so the
 stage with the largest batch set the pace: the sample is set against the largest of the last
 ``depth`` decode batches (in a steady state, the rows of every batch; around an explore
-iteration or a probe, what paced the pipe).
+iteration, what paced the pipe). A sample whose pipe held both probe batches and others is
+left out (see ``OnlineAlpha``'s probes: the later launch waited for the oldest batch).
 
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
@@ -165,6 +166,7 @@ class AlphaController:
             interval=interval,
             explore=explore if self.auto else 0,
             initial=AUTO_ALPHA_INITIAL if self.auto else self.fixed,
+            probe_length=int(depth) + 1,
         )
         self.depth = int(depth)
         self._clock = clock
@@ -182,6 +184,7 @@ class AlphaController:
         self._own_conf = np.ones(capacity)
         self._bin_by_slot = np.zeros(capacity, dtype=np.int64)
         self._pipe_rows: deque[int] = deque(maxlen=self.depth)
+        self._pipe_probes: deque[bool] = deque(maxlen=self.depth)  # each a probe batch
         self._last_launch: Optional[Tuple[int, float]] = None
         self.iteration_alpha = self.alpha
         #: the SP loop recorded the drafts' real confidences for this iteration's select
@@ -359,8 +362,12 @@ class AlphaController:
         now = self._clock()
         last = self._last_launch
         sampled = False
+        probes = self._pipe_probes
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
+            probes.clear()
+        elif any(probes) and not all(probes):
+            pass  # a probe's start or end: paced by batches of both sizes (OnlineAlpha)
         elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
             weight = 1.0 if self.auto else self._weight
             self.online.record_iteration(
@@ -370,6 +377,7 @@ class AlphaController:
         if self.sample_log is not None:
             self._log_launch(rows, iteration, now, last, sampled)
         self._pipe_rows.append(len(rows))
+        probes.append(bool(self.online.probing))
         self._last_launch = (iteration, now)
         self._launches += 1
         if observed:
