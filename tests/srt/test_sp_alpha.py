@@ -461,7 +461,7 @@ def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> 
 
 @pytest.mark.parametrize("probe_length", [None, 2])
 def test_probes_in_a_deeper_pipe_paced_by_its_oldest_batch(probe_length) -> None:
-    """Three batches in flight on two stages (SGLang's async batch depth 1), each launch
+    """Three batches in flight on two stages (the SP loop keeps N + 1), each launch
     waiting for the oldest one's tokens: samples around a probe, paced by a full batch and
     a probe batch both, are left out, and a probe one longer than the pipe gives samples of
     probe batches alone, so alpha follows a stage turned proportional to its rows. A probe

@@ -57,10 +57,10 @@ the batches in its pipe and leaves out those whose pipe held probe and other bat
 time between two launches is paced by the oldest batch in the pipe, whose true tokens the
 later launch waited for, not by the largest one: set against the largest, the first samples
 after a probe read B rows at B/N rows' time); so a probe is one iteration longer than the
-caller's pipeline depth (``N`` plus SGLang's async batch depth), or no sample would see only
-probe batches: with a probe of ``N`` iterations in a pipe three deep, the emulated two-GPU box
-put 256 rows at 17 ms (B = 512, Llama-3.1-8B shape) where they took 12, and ``alpha`` stayed
-at 0 where 1 ran 1.16-1.35x faster. The probe period starts at ``max(explore, 4 *
+caller's pipeline depth (``N + 1`` batches in flight in the SP loop), or no sample would see only
+probe batches: with a probe of ``N`` iterations in a pipe three deep, on an emulated two-GPU
+box the latency by rows put ~290 rows at 17 ms (B = 512, Llama-3.1-8B shape) where alpha 1's
+256 took 12, and ``alpha`` stayed at 0 where a fixed alpha 1 ran 1.15-1.35x faster. The probe period starts at ``max(explore, 4 *
 probe_length)`` and doubles at each choice that keeps ``alpha`` at 0, up to ``explore_max``;
 any other choice resets it. A due explore
 iteration waits for a probe to end. A probe launches no observed drafts (the caller observes
