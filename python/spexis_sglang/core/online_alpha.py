@@ -54,20 +54,19 @@ would stay at 0 where 1 is worth more (seen on the emulated two-GPU box at B = 5
 iterations at ``alpha = 1`` (about B/N rows each), so that for a moment every batch in the pipe
 is small and the time between launches is what B/N rows cost. The caller sets a sample against
 the batches in its pipe and leaves out those whose pipe held probe and other batches both (the
-time between two launches is paced by the oldest batch in the pipe, whose true tokens the
-later launch waited for, not by the largest one: set against the largest, the first samples
-after a probe read B rows at B/N rows' time); so a probe is one iteration longer than the
-caller's pipeline depth (``N + 1`` batches in flight in the SP loop), or no sample would see only
-probe batches: with a probe of ``N`` iterations in a pipe three deep, on an emulated two-GPU
-box the latency by rows put ~290 rows at 17 ms (B = 512, Llama-3.1-8B shape) where alpha 1's
-256 took 12, and ``alpha`` stayed at 0 where a fixed alpha 1 ran 1.15-1.35x faster. The probe period starts at ``max(explore, 4 *
-probe_length)`` and doubles at each choice that keeps ``alpha`` at 0, up to ``explore_max``;
-any other choice resets it. A due explore
-iteration waits for a probe to end. A probe launches no observed drafts (the caller observes
-explore iterations only), and its drafts are held, not lost. Alternatives
-considered: keeping a random share of the would-be drops in every iteration (spreads the
-same cost but needs a random source and gives no row spread); extrapolating the profile
-below the cut (unsafe exactly when the workload shifts).
+time between two launches is paced by the oldest batch in the pipe, whose true tokens the later
+launch waited for, not by the largest one: set against the largest, the first samples after a
+probe read B rows at B/N rows' time); so a probe is one iteration longer than the caller's
+pipeline depth (``N + 1`` batches in flight in the SP loop), or no sample would see only probe
+batches: with a probe of ``N`` iterations in a pipe three deep, on an emulated two-GPU box the
+latency by rows put ~290 rows at 17 ms (B = 512, Llama-3.1-8B shape) where alpha 1's 256 took
+12, and ``alpha`` stayed at 0 where a fixed alpha 1 ran 1.15-1.35x faster. The probe period
+starts at ``max(explore, 4 * probe_length)`` and doubles at each choice that keeps ``alpha`` at
+0, up to ``explore_max``; any other choice resets it. A due explore iteration waits for a probe
+to end. A probe launches no observed drafts (the caller observes explore iterations only), and
+its drafts are held, not lost. Alternatives considered: keeping a random share of the would-be
+drops in every iteration (spreads the same cost but needs a random source and gives no row
+spread); extrapolating the profile below the cut (unsafe exactly when the workload shifts).
 
 Estimates
 ---------
