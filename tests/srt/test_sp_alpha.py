@@ -486,6 +486,31 @@ def test_probes_in_a_deeper_pipe_paced_by_its_oldest_batch(probe_length) -> None
         assert ctrl.alpha == 0.0 and not small
 
 
+def test_at_alpha_one_no_sample_mixes_an_explore_with_other_batches() -> None:
+    """At alpha 1 an explore iteration runs alpha 0's B rows among B/N-row batches; a launch
+    waits for the oldest batch's tokens, so a pipe holding both was paced by whichever came
+    first (on the box two probe-sized batches and a full one took 11 ms where full ones took
+    21). No such pipe becomes a latency sample; the pipes of B/N-row batches alone do."""
+    ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20)
+    pipe = Pipeline(ctrl, 2, b=32, seed=5, a=0.0, slope=0.1)
+    for _ in range(600):
+        pipe.step()
+    assert ctrl.alpha == 1.0
+    ctrl.sample_log = io.StringIO()
+    for _ in range(1000):
+        pipe.step()
+    lines = [json.loads(x) for x in ctrl.sample_log.getvalue().splitlines()]
+    mixed = sampled = 0
+    for i in range(2, len(lines)):
+        pipe_explores = [lines[j]["explore"] for j in (i - 2, i - 1)]
+        if any(pipe_explores) and not all(pipe_explores):
+            mixed += 1
+            assert not lines[i]["sampled"], lines[i - 2 : i + 1]
+        elif lines[i]["alpha"] == 1.0:
+            sampled += lines[i]["sampled"]
+    assert ctrl.alpha == 1.0 and mixed >= 10 and sampled > 500
+
+
 def test_auto_inside_zero_one_and_fixed_alpha_wait_where_drops_need_them() -> None:
     inside = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20, explore=8)
     inside.online.alpha = 0.3

@@ -21,8 +21,13 @@ prefill or an idle iteration between them discards the sample). In that time sta
 part of the newest batch while the later stages ran the batches before it, all at once, so the
 stage with the largest batch set the pace: the sample is set against the largest of the last
 ``depth`` decode batches (in a steady state, the rows of every batch; around an explore
-iteration, what paced the pipe). A sample whose pipe held both probe batches and others is
-left out (see ``OnlineAlpha``'s probes: the later launch waited for the oldest batch).
+iteration inside (0, 1), what paced the pipe). A sample whose pipe held batches of both regimes
+is left out: a probe's (alpha 1's rows while at 0) beside others, or an explore iteration's
+(alpha 0's rows while at 1) beside others. The later launch waited for the oldest batch's true
+tokens, so such a sample is paced by the oldest batch, not the largest: on an emulated two-GPU
+box (B = 512) a pipe of two probe batches and a full one took 10.7-11.3 ms, where full batches
+alone took 20-22 and the probe's alone 12; set against the largest batch, such samples made
+B rows look cheap in either regime (see ``OnlineAlpha``'s probes).
 
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
 the alpha the chooser would pick appear in ``/server_info`` (``spexis_alpha``); run at alpha 0,
@@ -184,7 +189,9 @@ class AlphaController:
         self._own_conf = np.ones(capacity)
         self._bin_by_slot = np.zeros(capacity, dtype=np.int64)
         self._pipe_rows: deque[int] = deque(maxlen=self.depth)
-        self._pipe_probes: deque[bool] = deque(maxlen=self.depth)  # each a probe batch
+        # each batch ran the other regime's rows: a probe (alpha 1 while at 0) or an explore
+        # iteration while at 1 (alpha 0's rows)
+        self._pipe_other: deque[bool] = deque(maxlen=self.depth)
         self._last_launch: Optional[Tuple[int, float]] = None
         self.iteration_alpha = self.alpha
         #: the SP loop recorded the drafts' real confidences for this iteration's select
@@ -362,12 +369,12 @@ class AlphaController:
         now = self._clock()
         last = self._last_launch
         sampled = False
-        probes = self._pipe_probes
+        other = self._pipe_other
         if last is None or last[0] != iteration - 1:
             self._pipe_rows.clear()  # a prefill or idle iteration in between
-            probes.clear()
-        elif any(probes) and not all(probes):
-            pass  # a probe's start or end: paced by batches of both sizes (OnlineAlpha)
+            other.clear()
+        elif any(other) and not all(other):
+            pass  # around a probe or an explore at 1: paced by both regimes' batches
         elif (observed or self.auto) and len(self._pipe_rows) == self.depth:
             weight = 1.0 if self.auto else self._weight
             self.online.record_iteration(
@@ -377,7 +384,8 @@ class AlphaController:
         if self.sample_log is not None:
             self._log_launch(rows, iteration, now, last, sampled)
         self._pipe_rows.append(len(rows))
-        probes.append(bool(self.online.probing))
+        online = self.online
+        other.append(online.probing or (online.exploring and online.alpha >= 1.0))
         self._last_launch = (iteration, now)
         self._launches += 1
         if observed:
