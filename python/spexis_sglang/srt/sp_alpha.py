@@ -26,7 +26,7 @@ is left out: a probe's (alpha 1's rows while at 0) beside others, or an explore 
 (alpha 0's rows while at 1) beside others. The later launch waited for the oldest batch's true
 tokens, so such a sample is paced by the oldest batch, not the largest: on an emulated two-GPU
 box (B = 512) a pipe of two probe batches and a full one took 10.7-11.3 ms, where full batches
-alone took 20-22 and the probe's alone 12; set against the largest batch, such samples made
+alone took 20-22 and a fixed alpha 1's 256-row ones 12; set against the largest, such samples made
 B rows look cheap in either regime (see ``OnlineAlpha``'s probes).
 
 With a fixed alpha the controller only observes (no explore iterations): the live profile and
