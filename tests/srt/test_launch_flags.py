@@ -316,10 +316,13 @@ def test_spexis_alpha_parses_numbers_and_auto(extra, expected, monkeypatch):
         ([], 8),
         (["--spexis-alpha-observe", "1"], 1),
         (["--spexis-alpha", "0.3", "--spexis-alpha-observe", "16"], 16),
+        (["--spexis-alpha", "1"], 64),
+        (["--spexis-alpha", "1", "--spexis-alpha-observe", "8"], 8),
     ],
 )
 def test_fixed_alpha_observes_every_kth_iteration(extra, expected, monkeypatch):
-    """A fixed alpha's observer samples iterations (default 8); the config carries K."""
+    """A fixed alpha's observer samples iterations (default 8; 64 at alpha 1, where drafts are
+    made only near an observed iteration); the config carries K."""
     from spexis_sglang.srt.config import ENV_CONFIG, ENV_DRAFT_HEAD, get_config
     from spexis_sglang.srt.launch import prepare_server_args
 

@@ -162,6 +162,7 @@ __all__ = [
     "AUTO_ALPHA_INITIAL",
     "AUTO_ALPHA_INTERVAL",
     "FIXED_ALPHA_OBSERVE_EVERY",
+    "FIXED_ALPHA_ONE_OBSERVE_EVERY",
     "LatencyCurve",
     "LatencyFit",
     "OnlineAlpha",
@@ -179,6 +180,10 @@ AUTO_ALPHA_EXPLORE = 8
 AUTO_ALPHA_INITIAL = 0.15
 #: a fixed alpha's observer takes every this-many-th iteration (``--spexis-alpha-observe``)
 FIXED_ALPHA_OBSERVE_EVERY = 8
+#: the same at a fixed alpha of 1, where stage 0 makes drafts only within N + 1 iterations of an
+#: observed one (every 8th made them on half the iterations: ~0.8 ms of LM head a 256-row
+#: forward, 7 % of the iteration on an 8B shape, for the ``/server_info`` recommendation alone)
+FIXED_ALPHA_ONE_OBSERVE_EVERY = 64
 #: counts' half-life in choice intervals (``OnlineAlpha(half_life=None)``)
 HALF_LIFE_INTERVALS = 4
 #: buckets of rows, half an octave each, for :meth:`OnlineAlpha.latency_by_rows` and the

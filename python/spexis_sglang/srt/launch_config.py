@@ -13,6 +13,7 @@ from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_EXPLORE,
     AUTO_ALPHA_INTERVAL,
     FIXED_ALPHA_OBSERVE_EVERY,
+    FIXED_ALPHA_ONE_OBSERVE_EVERY,
 )
 from spexis_sglang.srt.config import RANDOM_HEAD_PREFIX, random_head_seed
 from spexis_sglang.srt.launch_flags import LaunchError
@@ -38,7 +39,8 @@ def spexis_config_from_args(args: argparse.Namespace, server_args) -> "SpexisCon
     observe = args.spexis_alpha_observe
     if alpha_auto and observe is not None:
         raise LaunchError("--spexis-alpha-observe needs a fixed --spexis-alpha (auto observes all)")
-    observe = FIXED_ALPHA_OBSERVE_EVERY if observe is None else observe
+    if observe is None:
+        observe = FIXED_ALPHA_ONE_OBSERVE_EVERY if alpha >= 1.0 else FIXED_ALPHA_OBSERVE_EVERY
     if observe < 1:
         raise LaunchError(f"--spexis-alpha-observe must be >= 1, got {observe}")
     interval = AUTO_ALPHA_INTERVAL if interval is None else interval

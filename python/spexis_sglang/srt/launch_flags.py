@@ -12,6 +12,7 @@ from spexis_sglang.core.online_alpha import (
     AUTO_ALPHA_INITIAL,
     AUTO_ALPHA_INTERVAL,
     FIXED_ALPHA_OBSERVE_EVERY,
+    FIXED_ALPHA_ONE_OBSERVE_EVERY,
 )
 from spexis_sglang.srt.request_checks import (
     DEFAULT_MAX_N,
@@ -193,7 +194,8 @@ def add_spexis_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "(/server_info spexis_alpha.recommended_alpha), on every K-th decode iteration, each "
         "weighted K times (the drops do not depend on it; measuring every iteration costs "
         "~0.1-0.2 ms of stage 0's CPU per iteration at 256 rows). 1: every iteration. "
-        f"Default: {FIXED_ALPHA_OBSERVE_EVERY}.",
+        f"Default: {FIXED_ALPHA_OBSERVE_EVERY}; {FIXED_ALPHA_ONE_OBSERVE_EVERY} at alpha 1, "
+        "where stage 0 makes drafts only near an observed iteration.",
     )
     group.add_argument(
         "--spexis-benchmark-force-accept",
