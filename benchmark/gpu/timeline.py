@@ -46,19 +46,24 @@ def load_events(path: str) -> List[Dict[str, Any]]:
     return [e for e in events if e.get("ph") == "X" and "dur" in e]
 
 
+def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[Tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
 def union_length(intervals: Iterable[Tuple[float, float]]) -> float:
     """Total length covered by ``(start, end)`` intervals."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return sum(e - s for s, e in _merged(intervals))
+
+
+def _busy(ops: Iterable[Dict[str, Any]]) -> float:
+    """Time (µs) covered by trace events ``ops``."""
+    return union_length((op["ts"], op["ts"] + op["dur"]) for op in ops)
 
 
 def _stats(values: Sequence[float]) -> Optional[Dict[str, float]]:
@@ -151,7 +156,7 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
         # what a CUDA-event timer recorded at the launch's start reads: from when the stream
         # reached it (the later of the launch's start and the previous forward's last work)
         span_start = s if prev_end is None else max(s, min(prev_end, first))
-        busy = union_length((op["ts"], op["ts"] + op["dur"]) for op in ops)
+        busy = _busy(ops)
         span = last - span_start
         rows.setdefault("host_run_batch_ms", []).append(fwd["dur"] / 1e3)
         rows.setdefault("device_span_ms", []).append(span / 1e3)
@@ -167,29 +172,16 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
             g_first = min(op["ts"] for op in graph_ops)
             g_last = max(op["ts"] + op["dur"] for op in graph_ops)
             rows.setdefault("graph_ms", []).append((g_last - g_first) / 1e3)
-            rows.setdefault("graph_busy_ms", []).append(
-                union_length((op["ts"], op["ts"] + op["dur"]) for op in graph_ops) / 1e3
-            )
-            rows.setdefault("eager_before_graph_ms", []).append(
-                union_length(
-                    (op["ts"], op["ts"] + op["dur"]) for op in eager_ops if op["ts"] < g_first
-                )
-                / 1e3
-            )
+            eager_before = _busy(op for op in eager_ops if op["ts"] < g_first)
+            rows.setdefault("graph_busy_ms", []).append(_busy(graph_ops) / 1e3)
+            rows.setdefault("eager_before_graph_ms", []).append(eager_before / 1e3)
             rows.setdefault("eager_after_graph_ms", []).append(
-                union_length(
-                    (op["ts"], op["ts"] + op["dur"]) for op in eager_ops if op["ts"] >= g_first
-                )
-                / 1e3
+                _busy(op for op in eager_ops if op["ts"] >= g_first) / 1e3
             )
             graph_call = next(c for c in calls if "Graph" in c["name"])
             rows.setdefault("host_before_graph_launch_ms", []).append((graph_call["ts"] - s) / 1e3)
             rows.setdefault("device_idle_before_graph_ms", []).append(
-                max(0.0, g_first - span_start) / 1e3
-                - union_length(
-                    (op["ts"], op["ts"] + op["dur"]) for op in eager_ops if op["ts"] < g_first
-                )
-                / 1e3
+                (max(0.0, g_first - span_start) - eager_before) / 1e3
             )
         rows.setdefault("eager_kernels", []).append(float(len(eager_ops)))
         for op in eager_ops:
@@ -223,16 +215,6 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
         }
         for (c, name), v in sorted(inside.items(), key=lambda kv: -sum(kv[1]))[:top]
     ]
-    return out
-
-
-def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
-    out: List[Tuple[float, float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
     return out
 
 
