@@ -71,6 +71,10 @@ MODELS = {
 
 
 # ----------------------------------------------------------------------------- the plan
+#: the configurations --kinds may name (plan_configs)
+KINDS = ("pp1", "pp", "tp", "sp", "ppa", "spauto", "spalpha1", "spold", "spautoold")
+
+
 def _config(name: str, kind: str, n: int, args: List[str], **extra: Any) -> Dict[str, Any]:
     return {"name": name, "kind": kind, "n": n, "gpus": n, "args": args, **extra}
 
@@ -160,11 +164,11 @@ def plan_configs(
             # selective speculation chosen online: where speculation cannot pay, alpha drops
             # drafts until SP runs like PP
             out.append(_sp_config(f"spexis_sp{n}_alphaauto", n, thetas, auto, alpha_auto=True))
-        # the same SP servers from another copy of the package (--old-python): a before /
-        # after in one call
         if "spalpha1" in kinds and thetas:
             # every draft dropped: stock PP's schedule run by SP's loop (what auto falls back to)
             out.append(_sp_config(f"spexis_sp{n}_alpha1", n, thetas, ["--spexis-alpha", "1"]))
+        # the same SP servers from another copy of the package (--old-python): a before /
+        # after in one call
         if "spautoold" in kinds and thetas and old_python:
             name = f"spexis_sp{n}_alphaauto_before"
             out.append(_sp_config(name, n, thetas, auto, alpha_auto=True, python_path=old_python))
@@ -957,7 +961,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--kinds",
         default="pp1,pp,tp,sp",
-        help="subset of pp1,pp,tp,sp,ppa,spauto,spalpha1,spold,spautoold (ppa: stock PP with "
+        help=f"subset of {','.join(KINDS)} (ppa: stock PP with "
         "--pp-async-batch-depth 1; spauto, spalpha1: SP with --spexis-alpha auto, 1; spold, "
         "spautoold: sp, spauto from --old-python)",
     )
@@ -1037,9 +1041,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--torch-profile-batches",
         default="",
-        help="B1,B2,...: after measuring these B (first variant of each server), trace every rank with "
-        "torch.profiler (SGLang's /start_profile, loop steps named: SPEXIS_PROFILE_RANGES) "
-        "over --torch-profile-steps decode forwards; traces under OUT/traces/<config>_B<B>, "
+        help="B1,B2,...: after measuring these B (first variant of each server), trace every "
+        "rank with torch.profiler (SGLang's /start_profile, loop steps named: "
+        "SPEXIS_PROFILE_RANGES) over --torch-profile-steps decode forwards; traces under "
+        "OUT/traces/<config>_B<B>, "
         "their summary (timeline.py) in the point's record",
     )
     p.add_argument("--torch-profile-steps", type=int, default=30)
@@ -1073,17 +1078,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for x in a.extra_input:
         n, _, bs = x.partition(":")
         a.extra_inputs.append((int(n), sorted({int(b) for b in bs.split(",") if b})))
-    bad = set(a.kinds) - {
-        "pp1",
-        "pp",
-        "tp",
-        "sp",
-        "ppa",
-        "spauto",
-        "spalpha1",
-        "spold",
-        "spautoold",
-    }
+    bad = set(a.kinds) - set(KINDS)
     if bad:
         p.error(f"--kinds: unknown {sorted(bad)}")
     if any(
