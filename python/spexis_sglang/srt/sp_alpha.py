@@ -287,8 +287,8 @@ class AlphaController:
         ahead = self.depth + 1
         if self.auto:
             return not self.online.settled_at_one(ahead)
-        k = self.observe_every  # a fixed alpha 1: its observed iterations credit verdicts
-        return k == 1 or (-self.online.iteration) % k <= ahead
+        # a fixed alpha 1: its observed iterations credit verdicts
+        return self.observe_every == 1 or self._until_observed() <= ahead
 
     def _drops_by_confidence(self) -> bool:
         return 0.0 < self.online.alpha < 1.0
@@ -343,12 +343,16 @@ class AlphaController:
             self.deferred_rankings += 1
 
     def _next_observed(self) -> bool:
-        k = self.observe_every
-        if k == 1:
+        if self.observe_every == 1:
             return True
         if self.auto:
             return self.online.next_explores()
-        return (self.online.iteration + 1) % k == 0
+        return self._until_observed() == 1
+
+    def _until_observed(self) -> int:
+        """A fixed alpha (``observe_every`` > 1): iterations from the current one to its next
+        observed one (every ``observe_every``-th)."""
+        return -self.online.iteration % self.observe_every
 
     def on_launch(self, rows: Rows, iteration: int) -> None:
         """A decode batch built at loop iteration ``iteration`` is launched."""
