@@ -74,6 +74,9 @@ ENV_SHOW_SKIPPED_MODELS = "SPEXIS_SHOW_SKIPPED_MODELS"
 ENV_SHOW_ALL_STARTUP_LINES = "SPEXIS_SHOW_ALL_STARTUP_LINES"
 #: extra arguments appended to every test server's command line (testing.ServerProcess)
 ENV_TEST_SERVER_ARGS = "SPEXIS_TEST_SERVER_ARGS"
+#: a directory: a server's processes unpickle their tokenizer from it, pickled there by the
+#: first load with the same arguments and files (srt/tokenizer_cache.py; the test suite's)
+ENV_TOKENIZER_CACHE = "SPEXIS_TOKENIZER_CACHE"
 
 
 def env_flag(name: str) -> bool:

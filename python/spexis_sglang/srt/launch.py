@@ -163,10 +163,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         install,
         run_spexis_scheduler_process,
     )
+    from spexis_sglang.srt.tokenizer_cache import install_tokenizer_cache
     from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
     install_http_guard(spexis_config)
+    install_tokenizer_cache()
     if on_cpu:
         fork_subprocesses_on_cpu()
     return _serve(
@@ -194,11 +196,13 @@ DRAFT_HEAD_PROG = "python -m spexis_sglang.draft_head_server"
 
 def draft_head_main(argv: Optional[List[str]] = None) -> int:
     """Stock SGLang scheduling with the draft head on stage 0 (``srt/draft_runner.py``)."""
-    from spexis_sglang.cpu_support import activate
+    from spexis_sglang.cpu_support import activate, single_threaded_torch
     from spexis_sglang.srt.config import ENV_DRAFT_HEAD
 
     argv = sys.argv[1:] if argv is None else list(argv)
     on_cpu = activate()
+    if on_cpu:
+        single_threaded_torch()  # as main: the stages share the cores
     if not os.environ.get(ENV_DRAFT_HEAD):
         print(
             f"{DRAFT_HEAD_PROG}: error: set {ENV_DRAFT_HEAD} (artifact dir or random:<seed>)",
@@ -213,6 +217,11 @@ def draft_head_main(argv: Optional[List[str]] = None) -> int:
     from sglang.srt.server_args import prepare_server_args as sglang_prepare_server_args
 
     from spexis_sglang.srt.draft_runner import run_draft_head_scheduler_process
+    from spexis_sglang.srt.hooks import fork_subprocesses_on_cpu
+    from spexis_sglang.srt.tokenizer_cache import install_tokenizer_cache
 
     server_args = sglang_prepare_server_args(argv)
+    install_tokenizer_cache()
+    if on_cpu:
+        fork_subprocesses_on_cpu()
     return _serve(server_args, run_scheduler_process_func=run_draft_head_scheduler_process)
