@@ -36,7 +36,8 @@ def _sglang_get_tokenizer():
     return getattr(f, "spexis_uncached", f)
 
 
-def test_a_pickled_tokenizer_is_the_one_sglang_loads(tokenizer_dir, tmp_path_factory):
+def _counted_cache(tmp_path_factory):
+    """(a cached loader over SGLang's, the names it loaded through SGLang, the cache dir)."""
     cache = str(tmp_path_factory.mktemp("cache"))
     original = _sglang_get_tokenizer()
     loads = []
@@ -45,7 +46,11 @@ def test_a_pickled_tokenizer_is_the_one_sglang_loads(tokenizer_dir, tmp_path_fac
         loads.append(name)
         return original(name, *args, **kwargs)
 
-    get = tokenizer_cache.cached(counted, cache)
+    return tokenizer_cache.cached(counted, cache), loads, cache
+
+
+def test_a_pickled_tokenizer_is_the_one_sglang_loads(tokenizer_dir, tmp_path_factory):
+    get, loads, cache = _counted_cache(tmp_path_factory)
     first, second = get(tokenizer_dir), get(tokenizer_dir)
     assert loads == [tokenizer_dir] and len(os.listdir(cache)) == 1
     assert first is not second and type(first) is type(second)
@@ -63,15 +68,8 @@ def test_a_pickled_tokenizer_is_the_one_sglang_loads(tokenizer_dir, tmp_path_fac
 
 
 def test_an_edited_file_or_a_torn_pickle_loads_afresh(tokenizer_dir, tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("cache"))
+    get, loads, cache = _counted_cache(tmp_path_factory)
     original = _sglang_get_tokenizer()
-    loads = []
-
-    def counted(name, *args, **kwargs):
-        loads.append(name)
-        return original(name, *args, **kwargs)
-
-    get = tokenizer_cache.cached(counted, cache)
     get(tokenizer_dir)
     key = tokenizer_cache.cache_key(tokenizer_dir, (), {})
     template = os.path.join(tokenizer_dir, "chat_template.jinja")
