@@ -286,6 +286,26 @@ def test_at_alpha_one_exploring_backs_off_and_a_shift_brings_it_back() -> None:
     assert _explores(oa, load, MATH, 800) == 100
 
 
+def test_a_choice_of_alpha_one_starts_exploring_at_the_probes_period() -> None:
+    """An explore at alpha 1 carries ~B rows into a pipe of B/N-row batches and paces every
+    launch until it leaves the pipe, as a probe does at 0: a choice of alpha 1 starts the
+    explore period at the probes' base (four probe lengths of N + 2 in SP's pipe), not at
+    ``explore``; any other alpha starts from ``explore``."""
+    proportional = LatencyFit(intercept=0.0, slope=1.0 / 16, identified=True)
+    oa = OnlineAlpha(N, explore=8, explore_max=64, probe_length=N + 2)
+    load = SyntheticLoad(3, proportional)
+    periods = []
+    for _ in range(2000):
+        before = oa.alpha
+        load.step(oa, TRANSLATION)
+        if oa.alpha >= 1.0 > before:
+            periods.append(oa.explore_period)
+    assert periods and set(periods) == {4 * (N + 2)}
+    assert oa.alpha == 1.0 and oa.explore_period == 64
+    assert OnlineAlpha(N, explore=8, probe_length=N + 2, initial=1.0).explore_period == 16
+    assert OnlineAlpha(N, explore=8, probe_length=N + 2, initial=0.5).explore_period == 8
+
+
 def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:
     """At alpha 0 with a steady batch every iteration carries the same rows, so the latency fit
     sees no spread: only the probe iterations (alpha 1, B/N rows) can show it a stage whose

@@ -41,10 +41,14 @@ slope. The cost is a ``1/explore`` share of iterations at ``alpha = 0``. That is
 an interior ``alpha``'s gain, but at ``alpha = 1`` (SP running like PP, where a stage's time
 grows in proportion to its rows) an explore iteration carries every draft, ~B rows instead of
 B/N, and at low acceptance most of them are wasted: one in 8 cost 12 % of the throughput at
-B = 512 on an emulated two-GPU box. So while ``alpha`` stays at 1 the period backs off: every
-choice that keeps it there doubles the period, up to ``explore_max`` (64); any other choice
-resets it to ``explore``. (At ``alpha = 0`` an explore iteration is an ordinary one; inside
-(0, 1) the bottom bins' verdicts come only from them.)
+B = 512 on an emulated two-GPU box. And in a pipe of B/N-row batches one of ~B rows paces
+every launch until it leaves the pipe (the launch waits for the oldest batch's tokens): on the
+box the three launches behind an explore took 12-16 ms where alpha 1 ran 10-11. So a choice of
+``alpha = 1`` starts the period at the probes' base, ``max(explore, 4 * probe_length)`` (below),
+and while ``alpha`` stays at 1 the period backs off: every choice that keeps it there doubles
+the period, up to ``explore_max`` (64); any choice of another ``alpha`` resets it to
+``explore``. (At ``alpha = 0`` an explore iteration is an ordinary one; inside (0, 1) the
+bottom bins' verdicts come only from them.)
 
 At ``alpha = 0`` with a steady batch every iteration carries the same rows, so the latency fit
 sees no spread and cannot notice that a stage's time has turned proportional to its rows (the
@@ -312,8 +316,10 @@ class OnlineAlpha:
         explore: every ``explore``-th iteration runs with ``alpha = 0`` (0 or 1: never; the
             bottom bins then keep their prior; used for observation-only trackers); the
             period doubles, up to ``explore_max``, each time a choice keeps ``alpha`` at 1,
-            and falls back to ``explore`` on any other choice. At alpha 0 the same base
-            period, backing off while alpha 0 stands, times the probe iterations at alpha 1.
+            and falls back to its base on any other choice: ``explore``, or at ``alpha`` 1 the
+            probes' base (an explore there disturbs the launches behind it as a probe does at
+            0). At alpha 0 the probes' base period, backing off while alpha 0 stands, times
+            the probe iterations at alpha 1.
         explore_max: the longest explore (and probe) period.
         initial: ``alpha`` until the first choice.
         half_life: iterations after which a count weighs half (default: ``4 * interval``,
@@ -394,8 +400,13 @@ class OnlineAlpha:
         self.interval = int(interval)
         self.explore = int(explore)
         self.explore_max = max(int(explore_max), self.explore)
+        #: iterations of one probe: the caller's pipeline depth and one more, so that some
+        #: latency samples see nothing but probe batches in the pipe (default ``num_stages``)
+        self.probe_length = max(1, int(probe_length or num_stages))
+        # the probe period's start (and reset) value: a probe takes a quarter of it at most
+        self._probe_base = max(self.explore, 4 * self.probe_length)
         #: iterations between explore iterations now (see ``explore``)
-        self.explore_period = self.explore
+        self.explore_period = self._explore_base(initial)
         self._next_explore = self.explore  # the iteration of the next explore
         self._last_explore = 0
         #: this iteration explores (alpha 0), and how many iterations its observation stands
@@ -404,11 +415,6 @@ class OnlineAlpha:
         self.explore_gap = max(self.explore, 1)
         #: this iteration is a latency probe at alpha 1 (alpha 0 only; see the module docstring)
         self.probing = False
-        #: iterations of one probe: the caller's pipeline depth and one more, so that some
-        #: latency samples see nothing but probe batches in the pipe (default ``num_stages``)
-        self.probe_length = max(1, int(probe_length or num_stages))
-        # the probe period's start (and reset) value: a probe takes a quarter of it at most
-        self._probe_base = max(self.explore, 4 * self.probe_length)
         self.probe_period = self._probe_base
         # a probe falls half an explore period after an explore (the first one, or the choice
         # that resets the period), so the two seldom meet
@@ -492,6 +498,14 @@ class OnlineAlpha:
         self._probe_left -= 1
         self.probe_iterations += 1
         return 1.0
+
+    def _explore_base(self, alpha: float) -> int:
+        """The explore period a choice of ``alpha`` starts from. At 1 an explore iteration
+        puts ~B rows into a pipe of B/N-row batches and every launch until it leaves the pipe
+        waits on it, as around a probe at 0 (on an emulated two-GPU box, B = 512: the three
+        launches behind one took 12-16 ms where alpha 1 ran 10-11), so it starts from the
+        probes' base period; elsewhere from ``explore``."""
+        return self._probe_base if alpha >= 1.0 else self.explore
 
     def _probe_continues(self) -> bool:
         return self._probe_left > 0 and self.alpha == 0.0
@@ -758,8 +772,8 @@ class OnlineAlpha:
             # draft, ~B rows instead of B/N, and at low acceptance most are wasted)
             self.explore_period = min(2 * self.explore_period, self.explore_max)
         else:
-            self.explore_period = self.explore
-            self._next_explore = min(self._next_explore, self.iteration + self.explore)
+            self.explore_period = self._explore_base(self.alpha)
+            self._next_explore = min(self._next_explore, self.iteration + self.explore_period)
         if self.alpha == 0.0 and not moved:
             # alpha 0 stands: probe the latency at alpha 1 half as often
             self.probe_period = min(2 * self.probe_period, self.explore_max)
