@@ -500,11 +500,9 @@ class OnlineAlpha:
         return 1.0
 
     def _explore_base(self, alpha: float) -> int:
-        """The explore period a choice of ``alpha`` starts from. At 1 an explore iteration
-        puts ~B rows into a pipe of B/N-row batches and every launch until it leaves the pipe
-        waits on it, as around a probe at 0 (on an emulated two-GPU box, B = 512: the three
-        launches behind one took 12-16 ms where alpha 1 ran 10-11), so it starts from the
-        probes' base period; elsewhere from ``explore``."""
+        """The explore period a choice of ``alpha`` starts from: at 1 the probes' base (an
+        explore there paces the launches behind it as a probe does at 0; module docstring),
+        elsewhere ``explore``."""
         return self._probe_base if alpha >= 1.0 else self.explore
 
     def _probe_continues(self) -> bool:

@@ -134,11 +134,7 @@ def install_http_guard(config) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from spexis_sglang.cpu_support import activate, single_threaded_torch
-
-    on_cpu = activate()  # must precede every sglang/transformers import
-    if on_cpu:
-        single_threaded_torch()  # the stages share the cores (the schedulers are forked)
+    on_cpu = _activate()
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return 0
@@ -158,32 +154,44 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dumps({"cpu": on_cpu, "argv": argv, "spexis": spexis_config.__dict__}),
     )
 
-    from spexis_sglang.srt.hooks import (
-        fork_subprocesses_on_cpu,
-        install,
-        run_spexis_scheduler_process,
-    )
-    from spexis_sglang.srt.tokenizer_cache import install_tokenizer_cache
+    from spexis_sglang.srt.hooks import install, run_spexis_scheduler_process
     from spexis_sglang.srt.tokenizer_manager import init_spexis_tokenizer_manager
 
     install()
     install_http_guard(spexis_config)
-    install_tokenizer_cache()
-    if on_cpu:
-        fork_subprocesses_on_cpu()
     return _serve(
         server_args,
+        on_cpu,
         # refuses out-of-vocabulary token ids with a 400 before they reach a scheduler
         init_tokenizer_manager_func=init_spexis_tokenizer_manager,
         run_scheduler_process_func=run_spexis_scheduler_process,
     )
 
 
-def _serve(server_args, **process_funcs) -> int:
-    """SGLang's HTTP server with our process functions; its child processes end with it."""
+def _activate() -> bool:
+    """The CPU support, before any sglang/transformers import; on a CPU, torch with one
+    intra-op thread (the stages share the cores, the schedulers are forked). True on a CPU."""
+    from spexis_sglang.cpu_support import activate, single_threaded_torch
+
+    on_cpu = activate()
+    if on_cpu:
+        single_threaded_torch()
+    return on_cpu
+
+
+def _serve(server_args, on_cpu: bool, **process_funcs) -> int:
+    """SGLang's HTTP server with our process functions; its child processes end with it. On a
+    CPU they fork from this process; with ``SPEXIS_TOKENIZER_CACHE`` they unpickle their
+    tokenizer (``srt/tokenizer_cache.py``)."""
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.utils import kill_process_tree
 
+    from spexis_sglang.srt.hooks import fork_subprocesses_on_cpu
+    from spexis_sglang.srt.tokenizer_cache import install_tokenizer_cache
+
+    install_tokenizer_cache()
+    if on_cpu:
+        fork_subprocesses_on_cpu()
     try:
         launch_server(server_args, **process_funcs)
     finally:
@@ -196,13 +204,10 @@ DRAFT_HEAD_PROG = "python -m spexis_sglang.draft_head_server"
 
 def draft_head_main(argv: Optional[List[str]] = None) -> int:
     """Stock SGLang scheduling with the draft head on stage 0 (``srt/draft_runner.py``)."""
-    from spexis_sglang.cpu_support import activate, single_threaded_torch
     from spexis_sglang.srt.config import ENV_DRAFT_HEAD
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    on_cpu = activate()
-    if on_cpu:
-        single_threaded_torch()  # as main: the stages share the cores
+    on_cpu = _activate()
     if not os.environ.get(ENV_DRAFT_HEAD):
         print(
             f"{DRAFT_HEAD_PROG}: error: set {ENV_DRAFT_HEAD} (artifact dir or random:<seed>)",
@@ -217,11 +222,6 @@ def draft_head_main(argv: Optional[List[str]] = None) -> int:
     from sglang.srt.server_args import prepare_server_args as sglang_prepare_server_args
 
     from spexis_sglang.srt.draft_runner import run_draft_head_scheduler_process
-    from spexis_sglang.srt.hooks import fork_subprocesses_on_cpu
-    from spexis_sglang.srt.tokenizer_cache import install_tokenizer_cache
 
     server_args = sglang_prepare_server_args(argv)
-    install_tokenizer_cache()
-    if on_cpu:
-        fork_subprocesses_on_cpu()
-    return _serve(server_args, run_scheduler_process_func=run_draft_head_scheduler_process)
+    return _serve(server_args, on_cpu, run_scheduler_process_func=run_draft_head_scheduler_process)
