@@ -10,7 +10,13 @@ For every model and every configuration the machine can hold, this starts one
   and once with ``--output-len`` new tokens; the difference of the two wall times divided by
   the difference of the lengths is the time of one decode step of the whole batch
   (``T_step``; prefill, admission and HTTP costs cancel). Decode throughput is ``B / T_step``;
-  the end-to-end rate ``B * output_len / t_long`` is recorded too;
+  the end-to-end rate ``B * output_len / t_long`` is recorded too. A short run at B goes
+  first, unmeasured (``--spexis-alpha auto``: its warm-up): the first run at a batch size has
+  been seen to take 0.5 s longer than the next (B = 512), which read as 1.27x the rate;
+* with ``SPEXIS_PHASE_TIMERS=1``, the same rate from stage 0's decode iterations
+  (``counter_tok_s``: tokens per decode iteration over its loop's time per iteration; stock
+  PP: B/N per iteration) and ``wall_over_counters``, the two rates' ratio: a point whose runs
+  paid different one-time costs shows there as a ratio away from 1;
 * per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
   PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
   decode step of a request is N stage intervals of micro-batches of B/N); Spexis SP:
@@ -360,6 +366,28 @@ def phase_ms_per_iteration(
     }
 
 
+def counter_tok_s(
+    kind: str, batch: int, n: int, d_short: Dict[str, float], d_long: Dict[str, float]
+) -> Optional[float]:
+    """Decode tokens per second from stage 0's own counters over the long run less the short
+    one: tokens per decode iteration (SP: committed tokens; stock PP: a micro-batch of B/N)
+    over its loop's busy time per decode iteration. None without phase timers."""
+    phases = phase_ms_per_iteration(d_short, d_long)
+    if not phases or not phases.get("busy"):
+        return None
+    if kind == "pp":
+        per_iteration = batch / n
+    elif kind == "sp":
+        iters = d_long.get("decode_iterations", 0) - d_short.get("decode_iterations", 0)
+        if iters <= 0:
+            return None
+        tokens = d_long.get("tokens_committed", 0) - d_short.get("tokens_committed", 0)
+        per_iteration = tokens / iters
+    else:
+        return None
+    return per_iteration / (phases["busy"] / 1e3)
+
+
 def measure_batch(
     srv: Server,
     cfg: Dict[str, Any],
@@ -424,6 +452,12 @@ def measure_batch(
                 # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
                 "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
             }
+        if d_s is not None and d_l is not None:
+            rec["counter_tok_s"] = counter_tok_s(cfg["kind"], batch, n, d_s, d_l)
+        if rec.get("counter_tok_s") and rec["decode_tok_s"]:
+            # the wall-clock difference of two runs against stage 0's own decode iterations:
+            # apart when one run paid something the other did not (a slow first run at a B)
+            rec["wall_over_counters"] = round(rec["decode_tok_s"] / rec["counter_tok_s"], 4)
         return rec
 
     pairs = [measure_pair() for _ in range(max(1, a.repeats))]
@@ -632,6 +666,17 @@ def run_config(
                     warm_s = None
                     if cfg.get("alpha_auto"):
                         warm_s = auto_warmup(srv, rng, b, in_len, a, vocab, v.get("theta"))
+                    else:  # the first run at a batch pays one-time costs: not in the point
+                        one_run(
+                            srv,
+                            rng,
+                            b,
+                            in_len,
+                            a.short_output_len,
+                            vocab,
+                            a.request_timeout,
+                            v.get("theta"),
+                        )
                     rec = measure_batch(srv, cfg, b, a, vocab, rng, v.get("theta"), in_len)
                     if warm_s is not None:
                         rec["auto_warmup_s"] = round(warm_s, 3)
@@ -650,6 +695,11 @@ def run_config(
                         f", acc {sp['acceptance']:.3f}, rows/it {sp['rows_per_iteration']:.1f},"
                         f" it {1e3 * (sp['iter_time_s'] or 0):.2f} ms"
                         f" {sp['phase_ms_per_iteration']}"
+                    )
+                if rec.get("counter_tok_s"):
+                    extra += (
+                        f", counters {rec['counter_tok_s']:.0f} tok/s"
+                        f" (wall/counters {rec['wall_over_counters']:.3f})"
                     )
                 print(
                     f"  {model} {v['name']} in={in_len} B={b}: "

@@ -99,6 +99,11 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     row["sp_over_pp"] = round(
                         x["decode_tok_s"] / pp_points[best]["decode_tok_s"], 3
                     )
+                    # the same ratio from stage 0's own counters (decode_throughput's
+                    # counter_tok_s): unmoved by a run that paid a one-time cost
+                    pp_c = pp_points[best].get("counter_tok_s")
+                    if x.get("counter_tok_s") and pp_c:
+                        row["sp_over_pp_counters"] = round(x["counter_tok_s"] / pp_c, 3)
                 if pp1 is not None and _point(pp1, b, in_len):
                     row["pp1_tok_s"] = round(_point(pp1, b, in_len)["decode_tok_s"])
                 t_sp = stage_ms(sp, b, ctx)
@@ -140,7 +145,7 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
     head = (
         f"{'model':<14} {'config':<34} {'in':>5} {'B':>4} {'theta':>5} {'SP tok/s':>9} "
         f"{'PP best':>9} {'SP/PP':>6} {'ideal':>6} {'of id.':>6} {'T(B/N)':>7} {'T(B)':>7} "
-        f"{'it/gpu':>6}"
+        f"{'it/gpu':>6} {'ctr':>6}"
     )
     print(head)
     for r in rows:
@@ -154,7 +159,8 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
             f"{r['model']:<14} {r['config']:<34} {r['input_len'] or 0:>5} {r['batch']:>4} "
             f"{f('theta', '{:.2f}'):>5} {r['sp_tok_s']:>9} {best:>9} {f('sp_over_pp'):>6} "
             f"{f('ideal'):>6} {f('of_ideal'):>6} {f('stage_ms_pp', '{:.2f}'):>7} "
-            f"{f('stage_ms_sp', '{:.2f}'):>7} {f('iter_over_gpu', '{:.2f}'):>6}"
+            f"{f('stage_ms_sp', '{:.2f}'):>7} {f('iter_over_gpu', '{:.2f}'):>6} "
+            f"{f('sp_over_pp_counters'):>6}"
         )
     later = [r for r in rows if r.get("later_stages")]
     if later:

@@ -72,6 +72,17 @@ def test_sp_is_set_against_the_best_stock_run_beside_the_ideal():
     }
 
 
+def test_the_ratio_from_counters_sits_beside_the_wall_clock_one():
+    summary = _summary()
+    results = summary["models"]["m"]["results"]
+    results[2]["batches"][0]["counter_tok_s"] = 2400.0  # the best stock point by wall clock
+    results[3]["batches"][0]["counter_tok_s"] = 2640.0
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["sp_over_pp_counters"] == pytest.approx(1.1, abs=1e-3)
+    del results[2]["batches"][0]["counter_tok_s"]  # no timers on the stock side: no ratio
+    assert "sp_over_pp_counters" not in pipeline_ratio.compare(summary)[0]
+
+
 def test_the_table_prints_the_later_stages(capsys):
     pipeline_ratio.print_table(pipeline_ratio.compare(_summary()))
     assert "pp rank 1: busy 5.60 launch 4.20 (gpu 4.00)" in capsys.readouterr().out

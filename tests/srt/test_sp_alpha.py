@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from spexis_sglang.core.online_alpha import rank_bins
+from spexis_sglang.core.online_alpha import AUTO_ALPHA_INITIAL, rank_bins
 from spexis_sglang.core.slot_state import Rows, SlotState, Verdict
 from spexis_sglang.core.sp_stats import SPStats
 from spexis_sglang.srt.sp_alpha import AlphaController
@@ -492,14 +492,22 @@ def test_at_alpha_one_no_sample_mixes_an_explore_with_other_batches() -> None:
     first (on the box two probe-sized batches and a full one took 11 ms where full ones took
     21). No such pipe becomes a latency sample; the pipes of B/N-row batches alone do."""
     ctrl = AlphaController(64, depth=2, num_stages=2, auto=True, interval=20)
+    ctrl.sample_log = io.StringIO()
     pipe = Pipeline(ctrl, 2, b=32, seed=5, a=0.0, slope=0.1)
     for _ in range(600):
         pipe.step()
     assert ctrl.alpha == 1.0
-    ctrl.sample_log = io.StringIO()
+    warm_up = len(ctrl.sample_log.getvalue().splitlines())
     for _ in range(1000):
         pipe.step()
     lines = [json.loads(x) for x in ctrl.sample_log.getvalue().splitlines()]
+    # every choice is logged between the launches, with what the chooser compared
+    decisions = [x["choice"] for x in lines if "choice" in x]
+    assert len(decisions) == ctrl.online.choices > 0
+    assert decisions[-1]["alpha"] == 1.0 and decisions[0]["alpha_before"] == AUTO_ALPHA_INITIAL
+    assert [c["alpha"] for c in decisions[-1]["evaluated"]] == list(ctrl.online.alphas)
+    assert decisions[-1]["batch"] == pytest.approx(32, abs=1)
+    lines = [x for x in lines[warm_up:] if "choice" not in x]
     mixed = sampled = 0
     for i in range(2, len(lines)):
         pipe_explores = [lines[j]["explore"] for j in (i - 2, i - 1)]

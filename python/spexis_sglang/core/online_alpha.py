@@ -128,6 +128,11 @@ readings came out low, so each ``alpha`` looked worse than the other while in fo
 fixed margin let ``alpha`` go between 0 and 1 six times within one measured point
 (Llama-3.1-8B shape, B = 512). In a synthetic load where each regime reads the other 12 %
 low, the changes come half as often and further apart (``tests/core/test_online_alpha.py``).
+Only a change back at about the same load is a reversal (a batch within 2x of the one the
+last change was chosen at): a load that drains (a batch of 512 finishing down to 15 requests)
+rightly takes ``alpha`` from 1 back to 0, and counted as flapping, every such tail doubled the
+margin the next batch of 512 needed to return to 1 (on the box ``alpha`` stayed at 0 there,
+1.03x stock PP2 where a fixed 1 ran 1.29x).
 
 Everything is deterministic given the sequence of calls (no clock, no random source; the
 caller passes the measured seconds).
@@ -197,6 +202,8 @@ LATENCY_ROW_BUCKETS = 25
 REVERSAL_MEMORY = 32
 #: at most this many doublings of the margin for going back
 MAX_REVERSAL_DOUBLINGS = 3
+#: a change back is a reversal only at a batch within this factor of the last change's
+REVERSAL_SAME_LOAD = 2.0
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -459,7 +466,10 @@ class OnlineAlpha:
         self._last_batch = 0.0  # the window's mean at the last choice
         self._fit: LatencyFit | None = None  # the last identified fit
         self._last_step = 0.0  # the last change of alpha (its sign: the direction)
+        self._last_change_batch = 0.0  # the batch the last change was chosen at
         self._reversals = 0.0  # changes that went back, decayed (see choose)
+        #: the last choice's inputs and outcome (for the caller's log): see :meth:`choose`
+        self.last_decision: dict | None = None
 
     # ------------------------------------------------------------------ per iteration
     def next_iteration(self, running: int) -> float:
@@ -751,20 +761,41 @@ class OnlineAlpha:
         self._reversals *= self.decay ** (self.interval / REVERSAL_MEMORY)
         margin = self.margin if self.changes == 0 else self.settled_margin
         step = best.alpha - self.alpha
-        reverses = step * self._last_step < 0
+        reverses = step * self._last_step < 0 and self._same_load(batch)
         if reverses:  # back towards where alpha came from: each recent reversal doubles it
             margin *= self.reversal_backoff ** min(self._reversals, MAX_REVERSAL_DOUBLINGS)
+        before = self.alpha
         if step != 0 and best.throughput > current.throughput * (1 + margin):
             self.alpha = best.alpha
             self.changes += 1
             self._reversals += 1.0 if reverses else 0.0
             # leaving the initial guess sets no direction to reverse
             self._last_step = step if self.changes > 1 else 0.0
+            self._last_change_batch = batch
             self.last_choice = best
             moved = True
         else:
             self.last_choice = current
             moved = False
+        self.last_decision = {
+            "iteration": self.iteration,
+            "batch": batch,
+            "alpha_before": before,
+            "alpha": self.alpha,
+            "margin": margin,
+            "reverses": bool(reverses),
+            "reversals": self._reversals,
+            "evaluated": [
+                {
+                    "alpha": c.alpha,
+                    "rows": c.rows,
+                    "effective": c.effective,
+                    "latency_s": c.latency_s,
+                    "throughput": c.throughput,
+                }
+                for c in evaluated
+            ],
+        }
         if self.alpha >= 1.0 and not moved:
             # alpha 1 stands: explore half as often (an explore iteration there runs every
             # draft, ~B rows instead of B/N, and at low acceptance most are wasted)
@@ -780,6 +811,14 @@ class OnlineAlpha:
             self._next_probe = self.iteration + self._probe_offset
         self.history.append((self.iteration, self.alpha))
         return self.alpha
+
+    def _same_load(self, batch: float) -> bool:
+        """``batch`` is within :data:`REVERSAL_SAME_LOAD` of the batch the last change was
+        chosen at. A change back at another load follows the load (a batch of 512 that
+        drained to 15 wants alpha 0 where it wanted 1), so it is not flapping: it neither
+        pays nor adds to the reversal margin."""
+        lo, hi = sorted((float(batch), self._last_change_batch))
+        return lo > 0 and hi <= REVERSAL_SAME_LOAD * lo
 
     def as_dict(self) -> dict:
         """Plain-JSON state for ``/server_info`` and benchmarks."""

@@ -227,7 +227,10 @@ class AlphaController:
         Returns the kept rows, the slots whose drafts were dropped and those whose rows wait
         for a later batch (alpha 1 with ``patchable`` given: ``SlotState.select_pp``, at most
         a stock PP micro-batch of ``ceil(running / stages)`` rows)."""
+        choices = self.online.choices
         a = self.online.next_iteration(running)
+        if self.sample_log is not None and self.online.choices != choices:
+            self.sample_log.write(json.dumps({"choice": self.online.last_decision}) + "\n")
         self.iteration_alpha = a if self.auto else self.fixed
         k = self.observe_every
         if k == 1 or (self.auto and self._drops_by_confidence()):
