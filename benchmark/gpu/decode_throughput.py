@@ -52,6 +52,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
 
+from pipeline_ratio import async_depth, counter_tok_s  # noqa: E402
+
 from spexis_sglang.srt.config import ENV_PROFILE_RANGES  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
 
@@ -366,28 +368,6 @@ def phase_ms_per_iteration(
     }
 
 
-def counter_tok_s(
-    kind: str, batch: int, n: int, d_short: Dict[str, float], d_long: Dict[str, float]
-) -> Optional[float]:
-    """Decode tokens per second from stage 0's own counters over the long run less the short
-    one: tokens per decode iteration (SP: committed tokens; stock PP: a micro-batch of B/N)
-    over its loop's busy time per decode iteration. None without phase timers."""
-    phases = phase_ms_per_iteration(d_short, d_long)
-    if not phases or not phases.get("busy"):
-        return None
-    if kind == "pp":
-        per_iteration = batch / n
-    elif kind == "sp":
-        iters = d_long.get("decode_iterations", 0) - d_short.get("decode_iterations", 0)
-        if iters <= 0:
-            return None
-        tokens = d_long.get("tokens_committed", 0) - d_short.get("tokens_committed", 0)
-        per_iteration = tokens / iters
-    else:
-        return None
-    return per_iteration / (phases["busy"] / 1e3)
-
-
 def measure_batch(
     srv: Server,
     cfg: Dict[str, Any],
@@ -452,9 +432,8 @@ def measure_batch(
                 # stage 0's event loop per iteration, by phase (ms), over the decode-only difference
                 "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
             }
-        if d_s is not None and d_l is not None:
-            rec["counter_tok_s"] = counter_tok_s(cfg["kind"], batch, n, d_s, d_l)
-        if rec.get("counter_tok_s") and rec["decode_tok_s"]:
+        rec["counter_tok_s"] = counter_tok_s(rec, cfg["kind"], n, async_depth(cfg))
+        if rec["counter_tok_s"] and rec["decode_tok_s"]:
             # the wall-clock difference of two runs against stage 0's own decode iterations:
             # apart when one run paid something the other did not (a slow first run at a B)
             rec["wall_over_counters"] = round(rec["decode_tok_s"] / rec["counter_tok_s"], 4)

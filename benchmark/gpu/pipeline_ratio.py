@@ -55,6 +55,41 @@ def stage_ms(
     return max(vals) if vals else None
 
 
+def async_depth(res: Dict[str, Any]) -> int:
+    """A stock PP result's (or configuration's) ``--pp-async-batch-depth``, 0 if not given."""
+    args = [str(a) for a in res.get("server_args") or res.get("args") or []]
+    if "--pp-async-batch-depth" in args[:-1]:
+        return int(args[args.index("--pp-async-batch-depth") + 1])
+    return 0
+
+
+def counter_tok_s(point: Dict[str, Any], kind: str, n: int, depth: int = 0) -> Optional[float]:
+    """A point's decode tokens per second from stage 0's own counters over the long run less
+    the short one: tokens per decode iteration (SP: committed tokens; stock PP: a micro-batch
+    of B/(N + ``depth``), its async depth, every request running at once) over its loop's
+    busy time per decode iteration. None without phase timers.
+
+    The wall-clock rate divides the two runs' time difference by the extra steps, so a run
+    that paid a one-time cost the other did not moves it (a slow first run at a batch size
+    once read 1.27x the rate); these counters cover decode iterations only."""
+    if kind == "pp":
+        phases = point.get("stock_phase_ms_per_iteration") or {}
+        per_iteration = point["batch"] / (n + depth)
+    elif kind == "sp":
+        sp = point.get("sp") or {}
+        phases = sp.get("phase_ms_per_iteration") or {}
+        short, long = sp.get("short") or {}, sp.get("long") or {}
+        iters = long.get("decode_iterations", 0) - short.get("decode_iterations", 0)
+        tokens = long.get("tokens_committed", 0) - short.get("tokens_committed", 0)
+        per_iteration = tokens / iters if iters > 0 else 0.0
+    else:
+        return None
+    busy = phases.get("busy")
+    if not busy or per_iteration <= 0:
+        return None
+    return per_iteration / (busy / 1e3)
+
+
 def _point(res: Dict[str, Any], batch: int, input_len: int) -> Optional[Dict[str, Any]]:
     for x in res.get("batches", []):
         if x.get("batch") == batch and x.get("input_len") == input_len and x.get("decode_tok_s"):
@@ -101,9 +136,11 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     )
                     # the same ratio from stage 0's own counters (decode_throughput's
                     # counter_tok_s): unmoved by a run that paid a one-time cost
-                    pp_c = pp_points[best].get("counter_tok_s")
-                    if x.get("counter_tok_s") and pp_c:
-                        row["sp_over_pp_counters"] = round(x["counter_tok_s"] / pp_c, 3)
+                    sp_c = counter_tok_s(x, "sp", n)
+                    best_res = next(r for r in pps if r["config"] == best)
+                    pp_c = counter_tok_s(pp_points[best], "pp", n, async_depth(best_res))
+                    if sp_c and pp_c:
+                        row["sp_over_pp_counters"] = round(sp_c / pp_c, 3)
                 if pp1 is not None and _point(pp1, b, in_len):
                     row["pp1_tok_s"] = round(_point(pp1, b, in_len)["decode_tok_s"])
                 t_sp = stage_ms(sp, b, ctx)

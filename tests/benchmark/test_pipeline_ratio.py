@@ -75,11 +75,17 @@ def test_sp_is_set_against_the_best_stock_run_beside_the_ideal():
 def test_the_ratio_from_counters_sits_beside_the_wall_clock_one():
     summary = _summary()
     results = summary["models"]["m"]["results"]
-    results[2]["batches"][0]["counter_tok_s"] = 2400.0  # the best stock point by wall clock
-    results[3]["batches"][0]["counter_tok_s"] = 2640.0
+    # the best stock point by wall clock: 8 rows per 3.2 ms of its loop (2,500 tok/s)
+    results[2]["batches"][0]["stock_phase_ms_per_iteration"] = {"busy": 3.2}
+    # SP: 10 more decode iterations of 15 tokens, 5.0 ms each (3,000 tok/s)
+    results[3]["batches"][0]["sp"].update(
+        short={"decode_iterations": 5, "tokens_committed": 80},
+        long={"decode_iterations": 15, "tokens_committed": 230},
+        phase_ms_per_iteration={"busy": 5.0},
+    )
     (row,) = pipeline_ratio.compare(summary)
-    assert row["sp_over_pp_counters"] == pytest.approx(1.1, abs=1e-3)
-    del results[2]["batches"][0]["counter_tok_s"]  # no timers on the stock side: no ratio
+    assert row["sp_over_pp_counters"] == pytest.approx(3000 / 2500, abs=1e-3)
+    del results[2]["batches"][0]["stock_phase_ms_per_iteration"]  # no stock timers: no ratio
     assert "sp_over_pp_counters" not in pipeline_ratio.compare(summary)[0]
 
 
