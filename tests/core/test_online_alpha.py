@@ -586,17 +586,25 @@ def test_a_load_that_drains_and_returns_takes_alpha_back_each_time(monkeypatch) 
     _, evaluated = choose_alpha(N, 512, RankAcceptanceProfile(flat), box, (0.0, 1.0), "exact")
     assert 1.05 < evaluated[1].throughput / evaluated[0].throughput < 1.12
 
-    def alpha_at_the_end_of_each_run() -> list[float]:
-        oa, load, ends = OnlineAlpha(N, alphas=(0.0, 1.0)), SyntheticLoad(11, box), []
+    soon = 2 * online_alpha.LOAD_CHOICE_GAP
+
+    def each_run() -> list[tuple[float, float, float]]:
+        """Per run: alpha ``soon`` iterations into the run and at its end, and ``soon``
+        iterations into its tail."""
+        oa, load, out = OnlineAlpha(N, alphas=(0.0, 1.0)), SyntheticLoad(11, box), []
         for _ in range(5):
             load.batch = 512
-            run(oa, load, flat, 500)
-            ends.append(oa.alpha)
+            trace = run(oa, load, flat, 500)
             load.batch = 16
-            run(oa, load, flat, 250)
+            tail = run(oa, load, flat, 250)
             assert oa.alpha == 0.0
-        return ends
+            out.append((trace[soon], trace[-1], tail[soon]))
+        return out
 
-    assert alpha_at_the_end_of_each_run() == [1.0] * 5
+    runs = each_run()
+    assert [end for _, end, _ in runs] == [1.0] * 5
+    # a batch 2x away from the last choice's is chosen for at once, not at the next of the
+    # choices every 50 iterations (the first run waits for the verdicts and samples it needs)
+    assert [(start, tail) for start, _, tail in runs[1:]] == [(1.0, 0.0)] * 4
     monkeypatch.setattr(online_alpha, "REVERSAL_SAME_LOAD", math.inf)  # every return a reversal
-    assert alpha_at_the_end_of_each_run()[-1] == 0.0
+    assert each_run()[-1][1] == 0.0

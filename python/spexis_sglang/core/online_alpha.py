@@ -109,8 +109,10 @@ Estimates
 
 Decision
 --------
-Every ``interval`` iterations, once at least ``min_verdicts`` (decayed) verdicts and
-``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T_sp, grid,
+Every ``interval`` iterations, and at once when the running batch moves more than 2x from
+the last choice's (a new load: a batch of 512 arriving after a tail of 16 would otherwise run
+up to ``interval`` iterations at the tail's ``alpha``; at least 5 iterations apart), once at
+least ``min_verdicts`` (decayed) verdicts and ``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T_sp, grid,
 model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
 predicted throughput beats the current ``alpha``'s by more than ``margin`` (relative), so
 noise does not make ``alpha`` flap between near-equal choices. Leaving ``initial`` (a guess)
@@ -202,8 +204,11 @@ LATENCY_ROW_BUCKETS = 25
 REVERSAL_MEMORY = 32
 #: at most this many doublings of the margin for going back
 MAX_REVERSAL_DOUBLINGS = 3
-#: a change back is a reversal only at a batch within this factor of the last change's
+#: a change back is a reversal only at a batch within this factor of the last change's; a
+#: running batch further than this from the last choice's is a new load, chosen for at once
 REVERSAL_SAME_LOAD = 2.0
+#: iterations at least between a choice and a choice for a moved load
+LOAD_CHOICE_GAP = 5
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -464,6 +469,7 @@ class OnlineAlpha:
         self._wait: float | None = None  # the last identified wait
         self._window = np.zeros(2)  # n, S(running) since the last choice
         self._last_batch = 0.0  # the window's mean at the last choice
+        self._last_choice_iteration = 0
         self._fit: LatencyFit | None = None  # the last identified fit
         self._last_step = 0.0  # the last change of alpha (its sign: the direction)
         self._last_change_batch = 0.0  # the batch the last change was chosen at
@@ -486,9 +492,14 @@ class OnlineAlpha:
         self._lat *= d
         self._lat_waited *= d
         self._lat_by_rows *= d
-        self._window += (1.0, float(running))
-        if self.iteration % self.interval == 0:
-            self.choose()
+        if self._load_moved(running):
+            # the batch is another load now: choose for it at once, from it alone
+            self._window[:] = (1.0, float(running))
+            self.choose(periodic=False)
+        else:
+            self._window += (1.0, float(running))
+            if self.iteration % self.interval == 0:
+                self.choose()
         self.exploring = False
         self.probing = self._probe_continues()
         if not self.probing:  # a running probe goes first; a due explore waits for its end
@@ -738,10 +749,13 @@ class OnlineAlpha:
     def ready(self) -> bool:
         return self.verdicts >= self.min_verdicts and self.samples >= self.min_samples
 
-    def choose(self) -> float:
-        """Re-run the chooser now (done every ``interval`` iterations); returns ``alpha``."""
+    def choose(self, periodic: bool = True) -> float:
+        """Re-run the chooser now (done every ``interval`` iterations, and when the load moves:
+        ``periodic`` False, which leaves the explore and probe periods' back-off alone unless
+        ``alpha`` changes); returns ``alpha``."""
         batch = self._last_batch = self.batch
         self._window[:] = 0.0
+        self._last_choice_iteration = self.iteration
         if not self.ready():
             return self.alpha
         profile, latency = self.profile(), self.latency()
@@ -799,18 +813,28 @@ class OnlineAlpha:
         if self.alpha >= 1.0 and not moved:
             # alpha 1 stands: explore half as often (an explore iteration there runs every
             # draft, ~B rows instead of B/N, and at low acceptance most are wasted)
-            self.explore_period = min(2 * self.explore_period, self.explore_max)
+            if periodic:
+                self.explore_period = min(2 * self.explore_period, self.explore_max)
         else:
             self.explore_period = self._explore_base(self.alpha)
             self._next_explore = min(self._next_explore, self.iteration + self.explore_period)
         if self.alpha == 0.0 and not moved:
             # alpha 0 stands: probe the latency at alpha 1 half as often
-            self.probe_period = min(2 * self.probe_period, self.explore_max)
+            if periodic:
+                self.probe_period = min(2 * self.probe_period, self.explore_max)
         else:
             self.probe_period = self._probe_base
             self._next_probe = self.iteration + self._probe_offset
         self.history.append((self.iteration, self.alpha))
         return self.alpha
+
+    def _load_moved(self, running: int) -> bool:
+        """The running batch is more than :data:`REVERSAL_SAME_LOAD` away from the batch of
+        the last choice, and that choice is :data:`LOAD_CHOICE_GAP` iterations old or more."""
+        if self.iteration - self._last_choice_iteration < LOAD_CHOICE_GAP:
+            return False
+        lo, hi = sorted((float(running), self._last_batch))
+        return lo > 0 and hi > REVERSAL_SAME_LOAD * lo
 
     def _same_load(self, batch: float) -> bool:
         """``batch`` is within :data:`REVERSAL_SAME_LOAD` of the batch the last change was
