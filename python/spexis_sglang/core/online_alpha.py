@@ -116,7 +116,10 @@ least ``min_verdicts`` (decayed) verdicts and ``min_samples`` latency samples ar
 model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
 predicted throughput beats the current ``alpha``'s by more than ``margin`` (relative), so
 noise does not make ``alpha`` flap between near-equal choices. Leaving ``initial`` (a guess)
-takes ``margin``; once ``alpha`` has been chosen, a change takes ``settled_margin`` (2 %):
+takes ``margin``, and so does a change at a batch more than 2x from the one the current
+``alpha`` was chosen at (it was chosen for another load: on the box a run of 512 requests
+kept the alpha 0 of the previous run's drained tail for 50 more iterations, alpha 1 ahead by
+1.5 %); once ``alpha`` has been chosen at this load, a change takes ``settled_margin`` (2 %):
 each change resets the explore and probe periods, and on an emulated two-GPU box ``alpha``
 went between 0 and 1 eight times during one measured point where its fit put the two
 0.7-1.7 % apart (B = 512, Theta 0.6), while one in 8 explore iterations at ``alpha = 1`` had
@@ -773,7 +776,11 @@ class OnlineAlpha:
         self.choices += 1
         current = min(evaluated, key=lambda c: abs(c.alpha - self.alpha))
         self._reversals *= self.decay ** (self.interval / REVERSAL_MEMORY)
-        margin = self.margin if self.changes == 0 else self.settled_margin
+        # the current alpha is an incumbent only at the load it was chosen at: elsewhere (a
+        # load that moved 2x since) it was chosen for another batch, and its margin is the
+        # first choice's
+        settled = self.changes > 0 and self._same_load(batch)
+        margin = self.settled_margin if settled else self.margin
         step = best.alpha - self.alpha
         reverses = step * self._last_step < 0 and self._same_load(batch)
         if reverses:  # back towards where alpha came from: each recent reversal doubles it
