@@ -433,6 +433,14 @@ def measure_batch(
                 "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
             }
         rec["counter_tok_s"] = counter_tok_s(rec, cfg["kind"], n, async_depth(cfg))
+        # a phase that took less time over the long run than over the short one: the short
+        # run stalled inside its decode iterations (seen: 0.9 s in stage 0's wait for the
+        # last stage), which inflates both rates
+        phases = rec.get("stock_phase_ms_per_iteration") or (rec.get("sp") or {}).get(
+            "phase_ms_per_iteration"
+        )
+        if phases and min(phases.values()) < 0:
+            rec["short_run_stalled"] = True
         if rec["counter_tok_s"] and rec["decode_tok_s"]:
             # the wall-clock difference of two runs against stage 0's own decode iterations:
             # apart when one run paid something the other did not (a slow first run at a B)
