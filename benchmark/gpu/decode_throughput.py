@@ -16,7 +16,9 @@ For every model and every configuration the machine can hold, this starts one
 * with ``SPEXIS_PHASE_TIMERS=1``, the same rate from stage 0's decode iterations
   (``counter_tok_s``: tokens per decode iteration over its loop's time per iteration; stock
   PP: B/N per iteration) and ``wall_over_counters``, the two rates' ratio: a point whose runs
-  paid different one-time costs shows there as a ratio away from 1;
+  paid different one-time costs shows there as a ratio away from 1, and ``short_run_stalled``
+  where a phase's difference came out negative (a short run that stalled 0.3-0.9 s inside
+  its decode iterations, which inflates both rates: ``--repeats 3`` takes the median pair);
 * per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
   PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
   decode step of a request is N stage intervals of micro-batches of B/N); Spexis SP:

@@ -617,7 +617,7 @@ def test_a_load_that_drains_and_returns_takes_alpha_back_each_time(monkeypatch) 
     # a batch 2x away from the last choice's is chosen for at once, not at the next of the
     # choices every 50 iterations (the first run waits for the verdicts and samples it needs)
     assert [(start, tail) for start, _, tail in runs[1:]] == [(1.0, 0.0)] * 4
-    monkeypatch.setattr(online_alpha, "REVERSAL_SAME_LOAD", math.inf)  # every return a reversal
+    monkeypatch.setattr(online_alpha, "SAME_LOAD", math.inf)  # every return a reversal
     assert each_run()[-1][1] == 0.0
 
 

@@ -112,8 +112,8 @@ Decision
 Every ``interval`` iterations, and at once when the running batch moves more than 2x from
 the last choice's (a new load: a batch of 512 arriving after a tail of 16 would otherwise run
 up to ``interval`` iterations at the tail's ``alpha``; at least 5 iterations apart), once at
-least ``min_verdicts`` (decayed) verdicts and ``min_samples`` latency samples are in: ``choose_alpha(num_stages, B, profile, T_sp, grid,
-model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
+least ``min_verdicts`` (decayed) verdicts and ``min_samples`` latency samples are in:
+``choose_alpha(num_stages, B, profile, T_sp, grid, model, interior_cost=wait)``. The new ``alpha`` replaces the current one only if its
 predicted throughput beats the current ``alpha``'s by more than ``margin`` (relative), so
 noise does not make ``alpha`` flap between near-equal choices. Leaving ``initial`` (a guess)
 takes ``margin``, and so does a change at a batch more than 2x from the one the current
@@ -207,9 +207,10 @@ LATENCY_ROW_BUCKETS = 25
 REVERSAL_MEMORY = 32
 #: at most this many doublings of the margin for going back
 MAX_REVERSAL_DOUBLINGS = 3
-#: a change back is a reversal only at a batch within this factor of the last change's; a
-#: running batch further than this from the last choice's is a new load, chosen for at once
-REVERSAL_SAME_LOAD = 2.0
+#: batches within this factor of each other are one load: a change back is a reversal, and a
+#: change needs ``settled_margin``, only at the load of the last change; a running batch
+#: further than this from the last choice's is a new load, chosen for at once
+SAME_LOAD = 2.0
 #: iterations at least between a choice and a choice for a moved load
 LOAD_CHOICE_GAP = 5
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
@@ -836,20 +837,20 @@ class OnlineAlpha:
         return self.alpha
 
     def _load_moved(self, running: int) -> bool:
-        """The running batch is more than :data:`REVERSAL_SAME_LOAD` away from the batch of
+        """The running batch is more than :data:`SAME_LOAD` away from the batch of
         the last choice, and that choice is :data:`LOAD_CHOICE_GAP` iterations old or more."""
         if self.iteration - self._last_choice_iteration < LOAD_CHOICE_GAP:
             return False
         lo, hi = sorted((float(running), self._last_batch))
-        return lo > 0 and hi > REVERSAL_SAME_LOAD * lo
+        return lo > 0 and hi > SAME_LOAD * lo
 
     def _same_load(self, batch: float) -> bool:
-        """``batch`` is within :data:`REVERSAL_SAME_LOAD` of the batch the last change was
-        chosen at. A change back at another load follows the load (a batch of 512 that
-        drained to 15 wants alpha 0 where it wanted 1), so it is not flapping: it neither
-        pays nor adds to the reversal margin."""
+        """``batch`` is within :data:`SAME_LOAD` of the batch the last change was chosen
+        at. A change at another load follows the load (a batch of 512 that drained to 15
+        wants alpha 0 where it wanted 1): it is not flapping, so it needs only ``margin`` and
+        neither pays nor adds to the reversal backoff."""
         lo, hi = sorted((float(batch), self._last_change_batch))
-        return lo > 0 and hi <= REVERSAL_SAME_LOAD * lo
+        return lo > 0 and hi <= SAME_LOAD * lo
 
     def as_dict(self) -> dict:
         """Plain-JSON state for ``/server_info`` and benchmarks."""
