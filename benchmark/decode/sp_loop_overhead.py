@@ -9,7 +9,8 @@ expected size (SP: ~B rows per iteration; stock: B/N rows per micro-batch step, 
 cap set to B/N through ``/set_internal_state`` so the B requests split evenly), the counters of
 ``/server_info`` ``internal_states[0]["spexis"]`` are read before and after a window; then the
 requests are aborted. Reported per decode iteration (SP) and per micro-batch step (stock), and
-per row: thread CPU time of each phase of stage 0's loop, and ``sched+proc`` = scheduling
+per row: thread CPU time of each phase of stage 0's loop (and of each later rank's, from the
+state it logs when those ``/server_info`` calls reach it: ``later_ranks``), and ``sched+proc`` = scheduling
 (schedule + draft_sync) + result processing, the part that must stay small.
 
 Phases (srt/stats.py): schedule (request receive and relay, batch building), draft_sync (SP:
@@ -53,7 +54,7 @@ activated = activate()  # False on a GPU machine
 import requests  # noqa: E402
 
 from spexis_sglang.srt.config import ENV_PHASE_TIMERS  # noqa: E402
-from spexis_sglang.srt.stats import SP_PHASES  # noqa: E402
+from spexis_sglang.srt.stats import SP_PHASES, stat_deltas  # noqa: E402
 from spexis_sglang.testing import ServerProcess, recorded_args  # noqa: E402
 
 RESULT = "benchmark/results/cpu_sp_loop_overhead.json"
@@ -121,16 +122,18 @@ def measure(
     before: Optional[dict] = None
     while time.time() - t_start < args.steady_timeout:
         time.sleep(args.poll_s)
+        t_call = time.time()
         cur, t_cur = stats(server), time.time()
         c = counts(kind, prev, cur)
         if steady(kind, c, rows_expected):
-            before, rate = cur, c["iterations"] / (t_cur - t_prev)
+            before, rate, t_before = cur, c["iterations"] / (t_cur - t_prev), t_call
             break
         prev, t_prev = cur, t_cur
     if before is None:
         raise RuntimeError(f"{kind} B={batch}: no steady decode after {args.steady_timeout} s")
     window = min(max(args.window_iters / rate, args.min_window_s), args.max_window_s)
     time.sleep(window)
+    t_after = time.time()
     after = stats(server)
     requests.post(server.base_url + "/abort_request", json={"abort_all": True}, timeout=120)
     thread.join()
@@ -159,6 +162,9 @@ def measure(
     rec["cpu_us_per_row"] = {p: round(1e6 * d[f"cpu_{p}_s"] / rows, 2) for p in phases}
     rec["cpu_sched_proc_us_per_row"] = round(1e6 * sched_proc / rows, 2)
     rec["cpu_busy_us_per_row"] = round(1e6 * d["cpu_busy_s"] / rows, 2)
+    later = later_ranks(server.log_path, t_before, t_after, phases)
+    if later:
+        rec["later_ranks"] = later
     if kind == "sp":
         verdicts = d["accepted"] + d["rejected"]
         rec["acceptance_rate"] = round(d["accepted"] / verdicts, 3) if verdicts else None
@@ -169,6 +175,37 @@ def measure(
     print(json.dumps(rec), flush=True)
     drain(server, kind)
     return rec
+
+
+def later_ranks(
+    log_path: str, t_before: float, t_after: float, phases
+) -> Dict[str, Dict[str, object]]:
+    """Each later rank's loop CPU time by phase per decode iteration over the window, from
+    the states it logged when the ``/server_info`` calls that began at ``t_before`` and
+    ``t_after`` reached it (the first state logged after each; ``stats.log_rank_state``)."""
+    from decode_throughput import rank_states  # benchmark/gpu, on sys.path in main
+
+    out: Dict[str, Dict[str, object]] = {}
+    for label, states in rank_states(log_path).items():
+        first = [
+            next((st["spexis"] for st in states if st.get("t", -1) >= t and st.get("spexis")), None)
+            for t in (t_before, t_after)
+        ]
+        if None in first:
+            continue
+        d = stat_deltas(*first)
+        n = d.get("decode_iterations", 0)
+        if n <= 0:
+            continue
+        out[label] = {
+            "iterations": n,
+            "cpu_ms_per_iteration": {
+                p: round(1e3 * d[f"cpu_{p}_s"] / n, 3) for p in phases if f"cpu_{p}_s" in d
+            },
+            "cpu_busy_ms_per_iteration": round(1e3 * d.get("cpu_busy_s", 0.0) / n, 3),
+            "wall_busy_ms_per_iteration": round(1e3 * d.get("time_busy_s", 0.0) / n, 3),
+        }
+    return out
 
 
 def drain(server: ServerProcess, kind: str, timeout: float = 300.0) -> None:
@@ -219,6 +256,18 @@ def table(records: List[Dict[str, object]]) -> str:
                 f"| {r['cpu_busy_ms_per_iteration']:.3f} "
                 f"| {r['cpu_sched_proc_us_per_row']:.2f} | {r['cpu_busy_us_per_row']:.2f} |"
             )
+    later = [r for r in records if r.get("later_ranks")]
+    if not later:
+        return head + "\n".join(lines)
+    lines.append("\nlater ranks, CPU ms per decode iteration by phase (busy: the whole loop):\n")
+    for r in sorted(later, key=lambda r: (r["B"], r["loop"])):
+        for label, st in r["later_ranks"].items():
+            ms = st["cpu_ms_per_iteration"]
+            lines.append(
+                f"- B = {r['B']}, {r['loop']}, {label}: "
+                + ", ".join(f"{p} {v:.3f}" for p, v in ms.items())
+                + f"; busy {st['cpu_busy_ms_per_iteration']:.3f}"
+            )
     return head + "\n".join(lines)
 
 
@@ -253,6 +302,7 @@ def main() -> int:
     args = ap.parse_args()
 
     sys.path.insert(0, ".")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
     from tests.e2e.tiny_model import make_tiny_llama
 
     model = make_tiny_llama(

@@ -109,3 +109,42 @@ def test_the_alpha_controller_keys_recorded_are_in_its_state():
         oa.next_iteration(16)
         oa.record_iteration(16, 0.01)
     assert set(decode_throughput.ALPHA_CONTROLLER_KEYS) <= set(oa.as_dict())
+
+
+def test_the_cpu_loop_benchmark_reads_a_later_rank_over_its_window(tmp_path, monkeypatch):
+    """``benchmark/decode/sp_loop_overhead.py``: the window's two ``/server_info`` calls began
+    at 12.0 and 30.0; the rank's first states logged after each (at 13.0 and 31.0) bound it."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "decode"))
+    import sp_loop_overhead
+
+    path = tmp_path / "server.log"
+    handler = logging.FileHandler(path)
+    stats.logger.addHandler(handler)
+    monkeypatch.setattr(stats.logger, "level", logging.INFO)
+    clock = iter([11.0, 13.0, 14.0, 31.0])
+    monkeypatch.setattr(stats, "time", SimpleNamespace(time=lambda: next(clock)))
+    for it, busy_cpu, launch_cpu in [
+        (10, 0.1, 0.05),
+        (20, 0.2, 0.1),
+        (25, 0.3, 0.2),
+        (70, 1.1, 0.6),
+    ]:
+        st = {
+            **state(it, it, 2 * busy_cpu, 0.0),
+            "cpu_busy_s": busy_cpu,
+            "cpu_launch_s": launch_cpu,
+        }
+        stats.log_rank_state("pp rank 1", {"spexis": st})
+    stats.logger.removeHandler(handler)
+    handler.close()
+    got = sp_loop_overhead.later_ranks(str(path), 12.0, 30.0, ("launch", "process"))
+    # 20 -> 70 decode iterations: 0.9 s of CPU busy, 0.5 s of it launching; no process timer
+    assert got == {
+        "pp rank 1": {
+            "iterations": 50,
+            "cpu_ms_per_iteration": {"launch": 10.0},
+            "cpu_busy_ms_per_iteration": 18.0,
+            "wall_busy_ms_per_iteration": 36.0,
+        }
+    }
+    assert sp_loop_overhead.later_ranks(str(path), 12.0, 35.0, ("launch",)) == {}  # none after
