@@ -303,8 +303,12 @@ def test_a_choice_of_alpha_one_starts_exploring_at_the_probes_period() -> None:
             periods.append(oa.explore_period)
     assert periods and set(periods) == {4 * (N + 2)}
     assert oa.alpha == 1.0 and oa.explore_period == 64
-    assert OnlineAlpha(N, explore=8, probe_length=N + 2, initial=1.0).explore_period == 16
-    assert OnlineAlpha(N, explore=8, probe_length=N + 2, initial=0.5).explore_period == 8
+    # the first explore too: at the period the initial alpha starts from
+    for initial, period in ((1.0, 16), (0.5, 8)):
+        oa = OnlineAlpha(N, explore=8, probe_length=N + 2, initial=initial, interval=1000)
+        assert oa.explore_period == period
+        explores = [i for i in range(1, 40) if oa.next_iteration(64) == 0.0 and oa.exploring]
+        assert explores[:2] == [period, 2 * period]
 
 
 def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:

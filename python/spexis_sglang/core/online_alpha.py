@@ -423,7 +423,7 @@ class OnlineAlpha:
         self._probe_base = max(self.explore, 4 * self.probe_length)
         #: iterations between explore iterations now (see ``explore``)
         self.explore_period = self._explore_base(initial)
-        self._next_explore = self.explore  # the iteration of the next explore
+        self._next_explore = self.explore_period  # the iteration of the next explore
         self._last_explore = 0
         #: this iteration explores (alpha 0), and how many iterations its observation stands
         #: for (those since the previous explore iteration)
