@@ -112,10 +112,16 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
     out["forwards"] = len(kept)
     out["period_ms"] = _stats([p / 1e3 for p in periods])
 
-    # the host's time per loop step, per forward, over [first kept forward, last kept forward)
+    # the host's time per loop step, per forward, over the kept periods: a range belongs to
+    # the last forward that began before it ended (a step that holds the forward, as
+    # _sp_launch holds run_batch, and the forward itself then count for the same forwards;
+    # by start time, the first kept forward's _sp_launch, begun before it, would drop out
+    # while the last one's came in)
+    starts = [f["ts"] for f in forwards]
     steps: Dict[str, float] = {}
     for e in ranges:
-        if t0 <= e["ts"] < t1:
+        i = bisect.bisect_right(starts, e["ts"] + e["dur"]) - 1
+        if skip <= i < skip + len(periods):
             name = e["name"][len(RANGE_PREFIX) :]
             steps[name] = steps.get(name, 0.0) + e["dur"]
     n_periods = len(periods)
