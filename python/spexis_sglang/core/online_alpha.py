@@ -238,6 +238,12 @@ def rank_bins(confidences: Sequence[float] | np.ndarray, bins: int = RANK_BINS) 
     return (rank * bins) // c
 
 
+def one_load(a: float, b: float) -> bool:
+    """Two batches are one load: both positive, within :data:`SAME_LOAD` of each other."""
+    lo, hi = sorted((float(a), float(b)))
+    return lo > 0 and hi <= SAME_LOAD * lo
+
+
 def isotonic_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
     v = [float(x) for x in values]
@@ -777,13 +783,14 @@ class OnlineAlpha:
         self.choices += 1
         current = min(evaluated, key=lambda c: abs(c.alpha - self.alpha))
         self._reversals *= self.decay ** (self.interval / REVERSAL_MEMORY)
-        # the current alpha is an incumbent only at the load it was chosen at: elsewhere (a
-        # load that moved 2x since) it was chosen for another batch, and its margin is the
-        # first choice's
-        settled = self.changes > 0 and self._same_load(batch)
-        margin = self.settled_margin if settled else self.margin
+        # the current alpha is an incumbent only at the load it was chosen at; a change at
+        # another load follows the load (a batch of 512 that drained to 15 wants alpha 0
+        # where it wanted 1): not flapping, so it needs only ``margin`` and neither pays nor
+        # adds to the reversal backoff
+        same_load = one_load(batch, self._last_change_batch)
+        margin = self.settled_margin if self.changes > 0 and same_load else self.margin
         step = best.alpha - self.alpha
-        reverses = step * self._last_step < 0 and self._same_load(batch)
+        reverses = step * self._last_step < 0 and same_load
         if reverses:  # back towards where alpha came from: each recent reversal doubles it
             margin *= self.reversal_backoff ** min(self._reversals, MAX_REVERSAL_DOUBLINGS)
         before = self.alpha
@@ -837,20 +844,11 @@ class OnlineAlpha:
         return self.alpha
 
     def _load_moved(self, running: int) -> bool:
-        """The running batch is more than :data:`SAME_LOAD` away from the batch of
-        the last choice, and that choice is :data:`LOAD_CHOICE_GAP` iterations old or more."""
+        """The running batch is another load than the last choice's (:func:`one_load`), and
+        that choice is :data:`LOAD_CHOICE_GAP` iterations old or more."""
         if self.iteration - self._last_choice_iteration < LOAD_CHOICE_GAP:
             return False
-        lo, hi = sorted((float(running), self._last_batch))
-        return lo > 0 and hi > SAME_LOAD * lo
-
-    def _same_load(self, batch: float) -> bool:
-        """``batch`` is within :data:`SAME_LOAD` of the batch the last change was chosen
-        at. A change at another load follows the load (a batch of 512 that drained to 15
-        wants alpha 0 where it wanted 1): it is not flapping, so it needs only ``margin`` and
-        neither pays nor adds to the reversal backoff."""
-        lo, hi = sorted((float(batch), self._last_change_batch))
-        return lo > 0 and hi <= SAME_LOAD * lo
+        return min(running, self._last_batch) > 0 and not one_load(running, self._last_batch)
 
     def as_dict(self) -> dict:
         """Plain-JSON state for ``/server_info`` and benchmarks."""
