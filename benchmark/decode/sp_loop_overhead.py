@@ -183,14 +183,12 @@ def later_ranks(
     """Each later rank's loop CPU time by phase per decode iteration over the window, from
     the states it logged when the ``/server_info`` calls that began at ``t_before`` and
     ``t_after`` reached it (the first state logged after each; ``stats.log_rank_state``)."""
-    from decode_throughput import rank_states  # benchmark/gpu, on sys.path in main
+    # benchmark/gpu, on sys.path in main
+    from decode_throughput import rank_states, state_logged_for
 
     out: Dict[str, Dict[str, object]] = {}
     for label, states in rank_states(log_path).items():
-        first = [
-            next((st["spexis"] for st in states if st.get("t", -1) >= t and st.get("spexis")), None)
-            for t in (t_before, t_after)
-        ]
+        first = [state_logged_for(states, t) for t in (t_before, t_after)]
         if None in first:
             continue
         d = stat_deltas(*first)

@@ -761,6 +761,17 @@ def rank_states(log_path: str) -> Dict[str, List[Dict[str, Any]]]:
     return out
 
 
+def state_logged_for(
+    seen: List[Dict[str, Any]], start: float, end: float = float("inf")
+) -> Optional[Dict[str, Any]]:
+    """A rank's answer to the ``/server_info`` call that began at ``start``: the first state
+    it logged in [start, end) (it logs once the request is relayed to it), or None."""
+    return next(
+        (st["spexis"] for st in seen if start <= st.get("t", -1.0) < end and st.get("spexis")),
+        None,
+    )
+
+
 def later_stage_phases(
     states: Dict[str, List[Dict[str, Any]]], snapshots: List[List[float]]
 ) -> Dict[str, Any]:
@@ -777,17 +788,8 @@ def later_stage_phases(
         return out
     starts = [t0 for t0, _ in snapshots] + [float("inf")]
     for label, seen in states.items():
-        picked = []
-        for k in range(4):
-            inside = [
-                st
-                for st in seen
-                if starts[k] <= st.get("t", -1.0) < starts[k + 1] and st.get("spexis")
-            ]
-            if not inside:
-                break
-            picked.append(inside[0]["spexis"])
-        if len(picked) != 4:
+        picked = [state_logged_for(seen, starts[k], starts[k + 1]) for k in range(4)]
+        if None in picked:
             continue
         d_s, d_l = stat_deltas(picked[0], picked[1]), stat_deltas(picked[2], picked[3])
         out[label] = {
