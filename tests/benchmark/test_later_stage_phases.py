@@ -28,12 +28,14 @@ def state(iterations: int, decode: int, busy_s: float, launch_s: float) -> dict:
 
 
 @pytest.fixture
-def log_file(tmp_path, monkeypatch):
+def log_file(tmp_path, monkeypatch, caplog):
     path = tmp_path / "server.log"
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s PP1] %(message)s"))
     stats.logger.addHandler(handler)
-    monkeypatch.setattr(stats.logger, "level", logging.INFO)
+    # setLevel, not the attribute: a logger caches whether a level is on, and an earlier
+    # test in the worker may have asked it at WARNING
+    caplog.set_level(logging.INFO, logger=stats.logger.name)
     clock = iter([10.0, 10.5, 13.0, 20.9, 31.0, 40.0])
     monkeypatch.setattr(stats, "time", SimpleNamespace(time=lambda: next(clock)))
     # the four calls of one short/long pair are answered at 10.5, 13.0, 20.9, 31.0 (the
@@ -111,7 +113,7 @@ def test_the_alpha_controller_keys_recorded_are_in_its_state():
     assert set(decode_throughput.ALPHA_CONTROLLER_KEYS) <= set(oa.as_dict())
 
 
-def test_the_cpu_loop_benchmark_reads_a_later_rank_over_its_window(tmp_path, monkeypatch):
+def test_the_cpu_loop_benchmark_reads_a_later_rank_over_its_window(tmp_path, monkeypatch, caplog):
     """``benchmark/decode/sp_loop_overhead.py``: the window's two ``/server_info`` calls began
     at 12.0 and 30.0; the rank's first states logged after each (at 13.0 and 31.0) bound it."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "decode"))
@@ -120,7 +122,7 @@ def test_the_cpu_loop_benchmark_reads_a_later_rank_over_its_window(tmp_path, mon
     path = tmp_path / "server.log"
     handler = logging.FileHandler(path)
     stats.logger.addHandler(handler)
-    monkeypatch.setattr(stats.logger, "level", logging.INFO)
+    caplog.set_level(logging.INFO, logger=stats.logger.name)  # see log_file
     clock = iter([11.0, 13.0, 14.0, 31.0])
     monkeypatch.setattr(stats, "time", SimpleNamespace(time=lambda: next(clock)))
     for it, busy_cpu, launch_cpu in [
