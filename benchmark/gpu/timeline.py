@@ -136,6 +136,7 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
     prev_end = None
     li = 0
     eager_by_kernel: Dict[str, List[float]] = {}
+    graph_by_kernel: Dict[str, List[float]] = {}
     for idx, fwd in enumerate(forwards):
         s, e = fwd["ts"], fwd["ts"] + fwd["dur"]
         while li < len(launch_list) and launch_list[li]["ts"] < s:
@@ -192,12 +193,20 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
         rows.setdefault("eager_kernels", []).append(float(len(eager_ops)))
         for op in eager_ops:
             eager_by_kernel.setdefault(op["name"][:90], []).append(op["dur"])
+        for op in graph_ops:
+            graph_by_kernel.setdefault(op["name"][:90], []).append(op["dur"])
         prev_end = last
     out["per_forward"] = {k: _stats(v) for k, v in rows.items()}
     n = max(1, len(rows.get("device_span_ms", [])))
     out["eager_device_work_per_forward"] = [
         {"kernel": k, "count": round(len(v) / n, 2), "us": round(sum(v) / n, 2)}
         for k, v in sorted(eager_by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
+    ]
+    # the replays' kernels by name: where one configuration's forward spends what another's
+    # does not (summed over a kernel's launches, so a name run once per layer reads per forward)
+    out["graph_device_work_per_forward"] = [
+        {"kernel": k, "count": round(len(v) / n, 2), "us": round(sum(v) / n, 2)}
+        for k, v in sorted(graph_by_kernel.items(), key=lambda kv: -sum(kv[1]))[: 2 * top]
     ]
 
     # the host's heaviest ops and runtime calls inside run_batch (self time not separated:

@@ -89,6 +89,10 @@ def test_forward_split_into_device_work_and_host_gaps():
     assert a["host_ms_per_forward_by_step"]["_sp_launch"] == pytest.approx(1.6)
     kernels = {k["kernel"]: k for k in a["eager_device_work_per_forward"]}
     assert kernels["argmax_kernel"]["us"] == pytest.approx(200)
+    replayed = {k["kernel"]: k for k in a["graph_device_work_per_forward"]}
+    assert replayed["gemm"]["us"] == pytest.approx(3000)
+    assert replayed["attn"]["count"] == 1
+    assert "argmax_kernel" not in replayed
     calls = {c["name"]: c for c in a["host_calls_in_run_batch_per_forward"]}
     assert calls["aten::index"]["us"] == pytest.approx(40)
     assert calls["cudaLaunchKernel"]["count"] == 2
