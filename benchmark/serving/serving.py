@@ -92,7 +92,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import requests
 
@@ -159,7 +159,11 @@ def chosen_alpha(draft_head: str, model_path: str, pp_size: int) -> float:
         raise SystemExit(f"{path}/config.json records no extra.alpha.affine: pass --alpha X")
 
 
-def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tuple[str, List[str]]]:
+def build_configs(
+    args: argparse.Namespace, alpha: Union[float, str, None]
+) -> List[Tuple[str, List[str]]]:
+    """The servers' arguments per configuration. ``alpha``: a drop ratio, or ``"auto"`` (the
+    server's own online chooser, ``--spexis-alpha auto``)."""
     common = shlex.split(args.server_args)
     plain = ["--pp-size", str(args.pp_size)] + common
     sp_args = shlex.split(args.sp_args)
@@ -169,9 +173,11 @@ def build_configs(args: argparse.Namespace, alpha: Optional[float]) -> List[Tupl
         lengths = ["--spexis-benchmark-length-oracle", args.length_oracle]
     else:
         lengths = ["--spexis-length-predictor", args.length_predictor]
-    # Under forced acceptance a draft's verdict does not depend on its confidence, so alpha's
-    # drops buy nothing there: sp-la then measures look-ahead admission alone, not alpha's cost.
-    la_alpha = [] if "--spexis-benchmark-force-accept" in sp_args else alpha_args
+    # Under forced acceptance a draft's verdict does not depend on its confidence, so a fixed
+    # alpha's drops buy nothing there: sp-la then measures look-ahead admission alone, not
+    # alpha's cost. The online chooser stays: it falls back to PP's schedule where SP cannot pay.
+    forced = "--spexis-benchmark-force-accept" in sp_args
+    la_alpha = [] if forced and alpha != "auto" else alpha_args
     known = {
         "pp1": ["--pp-size", "1"] + common,
         "plain": plain,
@@ -919,7 +925,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "--alpha",
         default="auto",
         help="sp-alpha / sp-la drop ratio (sp-la: none under forced acceptance); auto = the "
-        "head artifact's chosen alpha",
+        "head artifact's chosen alpha; online = the server's own chooser (--spexis-alpha auto, "
+        "with any head)",
     )
     ap.add_argument("--rates", default="0.5,1,2,4")
     ap.add_argument(
@@ -1076,11 +1083,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = [c for c in args.configs.split(",") if c]
     alpha = None
     if {"sp-alpha", "sp-la"} & set(names):
-        alpha = (
-            chosen_alpha(args.draft_head, model_path, args.pp_size)
-            if args.alpha == "auto"
-            else float(args.alpha)
-        )
+        if args.alpha == "online":
+            alpha = "auto"
+        elif args.alpha == "auto":
+            alpha = chosen_alpha(args.draft_head, model_path, args.pp_size)
+        else:
+            alpha = float(args.alpha)
     rates = sorted(float(r) for r in args.rates.split(","))
     work_dir = tempfile.mkdtemp(prefix="spexis-serving-")
     try:

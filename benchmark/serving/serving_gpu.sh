@@ -27,7 +27,7 @@
 #      CONFIGS (dummy: pp1,plain,tp,sp,sp-alpha; real: plain,sp,sp-alpha,sp-la,pp1),
 #      RATES (req/s, comma list; a probe: RATES=4,1000 gives each config's burst capacity),
 #      NUM_PROMPTS (requests per rate; default: the whole workload), THETA (0.76), ALPHA (0.3 /
-#      auto), ORACLE (dummy sp-la: paper-l70 | paper-q32 | ours | perfect | P/R), KV (140000
+#      auto: the head artifact's; online: the server's --spexis-alpha auto), ORACLE (dummy sp-la: paper-l70 | paper-q32 | ours | perfect | P/R), KV (140000
 #      dummy / 60000 real), MAX_BS (256), BUDGET (540 s), TAG, EXTRA (more serving.py arguments).
 #      Output: $OUT/serving_$TAG.json and .png.
 # Commands: benchmark/README.md, "Serving under load".

@@ -172,6 +172,10 @@ def test_configurations_of_the_breakdown_share_the_server_args():
     real = serving.parse_args(["--configs", "sp-alpha,sp-la", "--out", "x.json"])
     c = dict(serving.build_configs(real, alpha=0.3))
     assert c["sp-la"] == c["sp-alpha"] + lookahead
+    # the server's own chooser: passed on as given, and kept by sp-la under forced acceptance
+    online = dict(serving.build_configs(args, alpha="auto"))
+    assert online["sp-alpha"] == online["sp"] + ["--spexis-alpha", "auto"]
+    assert online["sp-la"] == online["sp-alpha"] + lookahead
     with pytest.raises(SystemExit):
         serving.build_configs(serving.parse_args(["--configs", "xx", "--out", "x"]), None)
 
