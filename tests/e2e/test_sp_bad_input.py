@@ -354,3 +354,28 @@ def test_a_flush_or_weight_update_right_after_a_request_succeeds_and_serving_goe
     assert r.status_code == 200 and r.json()["success"], r.text[:500]
     assert server.alive()
     assert server.greedy_ids([prompt], 8) == expected
+
+
+def test_input_embeds_the_forward_would_fail_on_answer_400_and_the_server_keeps_serving(
+    server_factory, tiny_model_dir
+):
+    """SGLang casts ``input_embeds`` to bfloat16 before the forward, so on a model in another
+    dtype (the test servers' float64) they took every rank down; they answer 400 now. (On a
+    bfloat16 model they run: the checks of their width and count are unit-tested in
+    ``tests/srt/test_request_checks.py``.)"""
+    server = server_factory(
+        ["--model-path", tiny_model_dir, *sp_args(2, "random:0"), "--disable-radix-cache"]
+    )
+    prompts = [[1, 100, 200, 300, 400], [5, 6, 7]]
+    expected = server.greedy_ids(prompts, 12)
+    sampling = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+    for embeds in ([[0.01] * 64] * 3, [[[0.01] * 64] * 3, [[0.02] * 64] * 2]):
+        r = requests.post(
+            server.base_url + "/generate",
+            json={"input_embeds": embeds, "sampling_params": sampling},
+            timeout=120,
+        )
+        assert r.status_code == 400, r.text[:500]
+        assert "input_embeds needs a bfloat16 model" in _error_message(r), r.text[:500]
+    assert server.alive()
+    assert server.greedy_ids(prompts, 12) == expected

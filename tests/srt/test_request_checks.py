@@ -10,6 +10,7 @@ from spexis_sglang.srt.request_checks import (
     accepted_model_names,
     generate_fanout_error,
     hidden_states_error,
+    input_embeds_error,
     model_error,
     openai_request_error,
     scrub_error_text,
@@ -167,4 +168,26 @@ def test_scrubbing_removes_tracebacks_frames_and_server_paths():
     # a client's own text is echoed as sent
     assert scrub_error_text("The model 'my/model' does not exist", ["/venv"]) == (
         "The model 'my/model' does not exist"
+    )
+
+
+def test_input_embeds_need_a_bfloat16_model_the_hidden_width_and_room_in_the_context():
+    row = [0.0] * 4
+    assert input_embeds_error(None, 4, "float16", 100) is None
+    assert input_embeds_error([row, row], 4, "bfloat16", 100) is None
+    assert input_embeds_error([row], 4, "float16", 100) == (
+        "input_embeds needs a bfloat16 model (SGLang casts them to bfloat16); this server "
+        "runs float16: serve with --dtype bfloat16 to send input_embeds"
+    )
+    assert input_embeds_error([row], 4, "float64", 100).endswith(
+        "runs float64: serve with --dtype bfloat16 and without --spexis-float64 to send "
+        "input_embeds"
+    )
+    assert "non-empty" in input_embeds_error([], 4, "bfloat16", 100)
+    assert input_embeds_error([row, [0.0] * 3], 4, "bfloat16", 100) == (
+        "input_embeds[1] must be a list of 4 floats (the model's hidden size), got 3 values"
+    )
+    assert "got 1.5" in input_embeds_error([1.5], 4, "bfloat16", 100)
+    assert "longer than the model's context length (3 tokens)" in input_embeds_error(
+        [row] * 3, 4, "bfloat16", 3
     )

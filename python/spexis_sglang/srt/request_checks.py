@@ -164,6 +164,38 @@ def hidden_states_error(requested: bool, pp_size: int) -> Optional[str]:
     return None
 
 
+def input_embeds_error(
+    embeds: Any, hidden_size: int, dtype_name: str, context_len: int
+) -> Optional[str]:
+    """``input_embeds`` of one request. SGLang 0.5.17 casts them to bfloat16 before the forward
+    (``ModelRunner``), so a model in another dtype fails its first layer, and an embedding of
+    the wrong width fails it too: either takes every rank down. Their count is not checked
+    against the context length either."""
+    if embeds is None:
+        return None
+    if dtype_name != "bfloat16":
+        without = " and without --spexis-float64" if dtype_name == "float64" else ""
+        return (
+            "input_embeds needs a bfloat16 model (SGLang casts them to bfloat16); this server "
+            f"runs {dtype_name}: serve with --dtype bfloat16{without} to send input_embeds"
+        )
+    if not isinstance(embeds, list) or not embeds:
+        return "input_embeds must be a non-empty list of embeddings (lists of floats)"
+    for i, row in enumerate(embeds):
+        if not isinstance(row, list) or len(row) != hidden_size:
+            got = f"{len(row)} values" if isinstance(row, list) else _echo(row)
+            return (
+                f"input_embeds[{i}] must be a list of {hidden_size} floats (the model's hidden "
+                f"size), got {got}"
+            )
+    if len(embeds) >= context_len:
+        return (
+            f"The input ({len(embeds)} embeddings) is longer than the model's context length "
+            f"({context_len} tokens)."
+        )
+    return None
+
+
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*", re.DOTALL)
 _FRAME = re.compile(r'\s*File "[^"\n]*", line \d+(?:, in [^\n]*)?(?:\n[ \t]+[^\n]*)?')
 

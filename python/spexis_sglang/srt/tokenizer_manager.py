@@ -21,6 +21,7 @@ from spexis_sglang.srt.request_checks import (
     RequestLimits,
     generate_fanout_error,
     hidden_states_error,
+    input_embeds_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ def request_limits() -> RequestLimits:
 class SpexisTokenizerManager(TokenizerManager):
     """SGLang's tokenizer manager that also refuses, with a 400: out-of-vocabulary
     ``input_ids``, a ``top_logprobs_num`` beyond the vocabulary, ``n`` or a fan-out beyond the
-    server's limits, malformed sampling parameters, and ``return_hidden_states`` under PP."""
+    server's limits, malformed sampling parameters, ``return_hidden_states`` under PP, and
+    ``input_embeds`` SGLang's forward would fail on."""
 
     async def generate_request(self, obj, request=None):
         # before SGLang expands n: n=100000 would otherwise become 100000 queued requests
@@ -75,6 +77,14 @@ class SpexisTokenizerManager(TokenizerManager):
             if error is None:
                 error = hidden_states_error(
                     bool(obj.return_hidden_states), self.server_args.pp_size
+                )
+            if error is None:
+                config = self.model_config
+                error = input_embeds_error(
+                    obj.input_embeds,
+                    config.hidden_size,
+                    str(config.dtype).replace("torch.", ""),
+                    self.context_len,
                 )
         if error is not None:
             raise ValueError(error)
