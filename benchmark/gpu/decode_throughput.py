@@ -54,7 +54,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
 
-from pipeline_ratio import async_depth, counter_tok_s  # noqa: E402
+from pipeline_ratio import STAGE0, async_depth, counter_tok_s  # noqa: E402
 
 from spexis_sglang.srt.config import ENV_PROFILE_RANGES  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
@@ -288,6 +288,7 @@ def server_state(srv: Server) -> Dict[str, Any]:
     return {
         "spexis": st.get("spexis"),
         "spexis_alpha": st.get("spexis_alpha"),
+        "gpu_forward_ms": st.get("spexis_gpu_forward_ms"),
         "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
         "max_running_requests": st.get("max_running_requests", info.get("max_running_requests")),
     }
@@ -303,10 +304,12 @@ def one_run(
     timeout: float,
     theta: Optional[float] = None,
     snapshots: Optional[List[List[float]]] = None,
+    gpu_states: Optional[List[Optional[Dict[str, list]]]] = None,
 ) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
     """B fresh random prompts (no radix-cache reuse between runs), one /generate call.
     ``snapshots``: gets the wall-clock span of the ``/server_info`` call before and after it
-    (what pairs a later stage's logged state with them, :func:`later_stage_phases`)."""
+    (what pairs a later stage's logged state with them, :func:`later_stage_phases`);
+    ``gpu_states``: stage 0's GPU timers (``SPEXIS_GPU_TIMERS``) in those two answers."""
     hi = min(vocab, 32000)
     prompts = [[rng.randrange(100, hi) for _ in range(in_len)] for _ in range(batch)]
     sampling: Dict[str, Any] = {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}
@@ -314,7 +317,8 @@ def one_run(
         sampling["custom_params"] = {FORCE_ACCEPT_PARAM: theta}
     body = {"input_ids": prompts, "sampling_params": sampling}
     t0 = time.time()
-    before = server_state(srv)["spexis"]
+    before_state = server_state(srv)
+    before = before_state["spexis"]
     t1 = time.time()
     t = time.perf_counter()
     out = srv.generate(body, timeout=timeout)
@@ -324,6 +328,8 @@ def one_run(
     after = after_state["spexis"]
     if snapshots is not None:
         snapshots += [[t0, t1], [t2, time.time()]]
+    if gpu_states is not None:
+        gpu_states += [before_state["gpu_forward_ms"], after_state["gpu_forward_ms"]]
     if isinstance(out, dict):
         out = [out]
     lens = [
@@ -388,12 +394,11 @@ def measure_batch(
 
     def measure_pair() -> Dict[str, Any]:
         snapshots: List[List[float]] = []
-        t_s, d_s, lens_s = one_run(
-            srv, rng, batch, in_len, a.short_output_len, vocab, a.request_timeout, theta, snapshots
-        )
-        t_l, d_l, lens_l = one_run(
-            srv, rng, batch, in_len, a.output_len, vocab, a.request_timeout, theta, snapshots
-        )
+        gpu: List[Optional[Dict[str, list]]] = []
+        run = (srv, rng, batch, in_len)
+        opts = (vocab, a.request_timeout, theta, snapshots, gpu)
+        t_s, d_s, lens_s = one_run(*run, a.short_output_len, *opts)
+        t_l, d_l, lens_l = one_run(*run, a.output_len, *opts)
         steps = a.output_len - a.short_output_len
         t_step = (t_l - t_s) / steps
         rec: Dict[str, Any] = {
@@ -412,6 +417,10 @@ def measure_batch(
             # later stages' states are read from the log: later_stage_phases)
             "snapshots": snapshots,
         }
+        if gpu and gpu[-1]:  # this pair's own forwards (the later ranks': attach_later_stages)
+            from spexis_sglang.srt.stats import gpu_time_deltas
+
+            rec["gpu_forward_ms"] = {STAGE0: gpu_time_deltas(gpu[0], gpu[-1])}
         n = cfg["n"]
         if cfg["kind"] == "pp":
             rec["stage_batch"] = batch / n
@@ -762,12 +771,17 @@ def rank_states(log_path: str) -> Dict[str, List[Dict[str, Any]]]:
 
 
 def state_logged_for(
-    seen: List[Dict[str, Any]], start: float, end: float = float("inf")
+    seen: List[Dict[str, Any]], start: float, end: float = float("inf"), whole: bool = False
 ) -> Optional[Dict[str, Any]]:
     """A rank's answer to the ``/server_info`` call that began at ``start``: the first state
-    it logged in [start, end) (it logs once the request is relayed to it), or None."""
+    it logged in [start, end) (it logs once the request is relayed to it), or None; its
+    counters (``spexis``), or with ``whole`` the logged line (with its GPU timers)."""
     return next(
-        (st["spexis"] for st in seen if start <= st.get("t", -1.0) < end and st.get("spexis")),
+        (
+            st if whole else st["spexis"]
+            for st in seen
+            if start <= st.get("t", -1.0) < end and st.get("spexis")
+        ),
         None,
     )
 
@@ -788,15 +802,22 @@ def later_stage_phases(
         return out
     starts = [t0 for t0, _ in snapshots] + [float("inf")]
     for label, seen in states.items():
-        picked = [state_logged_for(seen, starts[k], starts[k + 1]) for k in range(4)]
-        if None in picked:
+        lines = [state_logged_for(seen, starts[k], starts[k + 1], whole=True) for k in range(4)]
+        if None in lines:
             continue
+        picked = [line["spexis"] for line in lines]
         d_s, d_l = stat_deltas(picked[0], picked[1]), stat_deltas(picked[2], picked[3])
         out[label] = {
             "iterations": d_l.get("iterations", 0) - d_s.get("iterations", 0),
             "decode_iterations": d_l.get("decode_iterations", 0) - d_s.get("decode_iterations", 0),
             "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
         }
+        gpu_after = lines[3].get("spexis_gpu_forward_ms")
+        if gpu_after:  # the pair's own forwards on this rank (SPEXIS_GPU_TIMERS)
+            from spexis_sglang.srt.stats import gpu_time_deltas
+
+            before = lines[0].get("spexis_gpu_forward_ms")
+            out[label]["gpu_forward_ms"] = gpu_time_deltas(before, gpu_after)
     return out
 
 
@@ -811,6 +832,10 @@ def attach_later_stages(results: List[Dict[str, Any]], log_path: str) -> None:
                 later = later_stage_phases(states, snapshots)
                 if later:
                     rec["later_stages"] = later
+                for label, st in later.items():  # beside stage 0's, under the timer's label
+                    gpu = st.pop("gpu_forward_ms", None)
+                    if gpu is not None and "gpu_forward_ms" in rec:
+                        rec["gpu_forward_ms"][f"{label}, tp rank 0"] = gpu
 
 
 def gpu_forward_times(log_path: str) -> Dict[str, Dict[str, List[float]]]:

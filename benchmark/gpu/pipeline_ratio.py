@@ -10,8 +10,11 @@ nothing but their stages' GPU time,
 
 the *ideal* ratio: what SP can reach where the host and the transfers stay off the pipeline's
 critical path. T is each server's own device time per decode forward, per rank, as
-``SPEXIS_GPU_TIMERS`` logs it (``decode_throughput.gpu_forward_times``); a stage's time is the
-slowest rank's, T(B/N) from the stock PP server (depth 0) and T(B) from the SP server. Θ is the
+``SPEXIS_GPU_TIMERS`` logs it; a stage's time is the slowest rank's. T(B) comes from the SP
+point's own forwards of B rows and T(B/N) from the stock point at the same B whose micro-batches
+are B/N rows (async depth 0 first), each over that point's runs only (``gpu_forward_ms`` of the
+point); a run without point timers falls back to each server's timers over all its points
+(``stage_ms_source``: ``point`` or ``server``). Θ is the
 acceptance measured in the SP run (forced in the benchmark mode). Besides the ratios the table
 gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden),
 and each later stage's loop by phase where the run recorded it (``later_stages``).
@@ -53,6 +56,19 @@ def stage_ms(
         if key in by_key and (rank is None or label == rank)
     ]
     return max(vals) if vals else None
+
+
+def point_stage_ms(
+    point: Optional[Dict[str, Any]], rows: int, ctx: int, rank: Optional[str] = None
+) -> Optional[float]:
+    """:func:`stage_ms` over one measured point's own forwards (its ``gpu_forward_ms``: the
+    timers' difference across the point's runs), where the benchmark recorded them. A
+    server's timers merge every point it ran, among them another configuration's forwards of
+    the same rows (stock PP's two micro-batch caps: 64-row forwards at B = 64 with one
+    micro-batch, the stages taking turns, and at B = 128 with two, both stages busy)."""
+    if not point or not point.get("gpu_forward_ms"):
+        return None
+    return stage_ms({"gpu_forward_ms": point["gpu_forward_ms"]}, rows, ctx, rank)
 
 
 def async_depth(res: Dict[str, Any]) -> int:
@@ -143,8 +159,24 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                         row["sp_over_pp_counters"] = round(sp_c / pp_c, 3)
                 if pp1 is not None and _point(pp1, b, in_len):
                     row["pp1_tok_s"] = round(_point(pp1, b, in_len)["decode_tok_s"])
-                t_sp = stage_ms(sp, b, ctx)
-                t_pp = stage_ms(pp0, b // n, ctx) if pp0 is not None else None
+                # T(B) from this point's forwards of B rows, T(B/N) from a stock point at this B
+                # whose micro-batches are B/N rows (at async depth 0 first); where the run
+                # recorded no point timers, from the servers' timers over all their points
+                t_sp = point_stage_ms(x, b, ctx)
+                by_depth = sorted(pps, key=async_depth)
+                t_pp = next(
+                    (
+                        t
+                        for r in by_depth
+                        for t in [point_stage_ms(_point(r, b, in_len), b // n, ctx)]
+                        if t
+                    ),
+                    None,
+                )
+                row["stage_ms_source"] = "point" if t_sp and t_pp else "server"
+                if not (t_sp and t_pp):
+                    t_sp = stage_ms(sp, b, ctx)
+                    t_pp = stage_ms(pp0, b // n, ctx) if pp0 is not None else None
                 row["stage_ms_sp"] = t_sp
                 row["stage_ms_pp"] = t_pp
                 if t_sp and t_pp and theta is not None:
@@ -153,7 +185,7 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     if "sp_over_pp" in row:
                         row["of_ideal"] = round(row["sp_over_pp"] / ideal, 3)
                 it = spx.get("iter_time_s")
-                t0 = stage_ms(sp, b, ctx, STAGE0)
+                t0 = point_stage_ms(x, b, ctx, STAGE0) or stage_ms(sp, b, ctx, STAGE0)
                 if it and t0:
                     row["stage0_iter_ms"] = round(1e3 * it, 3)
                     row["stage0_gpu_ms"] = t0
@@ -163,7 +195,8 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                 for label, st in (x.get("later_stages") or {}).items():
                     later[label] = {
                         "phase_ms": st.get("phase_ms_per_iteration"),
-                        "gpu_ms": stage_ms(sp, b, ctx, f"{label}, tp rank 0"),
+                        "gpu_ms": point_stage_ms(x, b, ctx, f"{label}, tp rank 0")
+                        or stage_ms(sp, b, ctx, f"{label}, tp rank 0"),
                     }
                 if later:
                     row["later_stages"] = later

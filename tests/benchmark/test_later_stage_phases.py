@@ -48,7 +48,10 @@ def log_file(tmp_path, monkeypatch, caplog):
         (85, 76, 1.7, 0.85),
         (90, 80, 1.8, 0.9),
     ]:
-        stats.log_rank_state("pp rank 1", {"spexis": state(it, dec, busy, launch)})
+        # the rank's GPU timers: 10 forwards of 64 rows at 5 ms a step of the clock
+        gpu = {"64@64": [10 * it, 5.0 + it / 100]} if it else {}
+        line = {"spexis": state(it, dec, busy, launch), "spexis_gpu_forward_ms": gpu}
+        stats.log_rank_state("pp rank 1", line)
     stats.logger.removeHandler(handler)
     handler.close()
     return str(path)
@@ -82,6 +85,32 @@ def test_points_get_their_later_stages_and_lose_the_spans(log_file):
     decode_throughput.attach_later_stages(results, log_file)
     assert "snapshots" not in rec
     assert rec["later_stages"]["pp rank 1"]["iterations"] == 40
+    # no stage-0 timers in the point (SPEXIS_GPU_TIMERS off): none of the later ranks' either
+    assert "gpu_forward_ms" not in rec and "gpu_forward_ms" not in rec["later_stages"]["pp rank 1"]
+
+
+def test_a_later_ranks_gpu_times_are_the_points_own(log_file):
+    stage0 = {"64@64": [3, 4.0]}
+    rec = {
+        "snapshots": [[10.2, 10.3], [12.0, 12.1], [20.0, 20.1], [30.0, 30.1]],
+        "gpu_forward_ms": {"pp rank 0, tp rank 0": stage0},
+    }
+    decode_throughput.attach_later_stages([{"batches": [rec]}], log_file)
+    # states at 10.5 (50 forwards, mean 5.05 ms) and 31.0 (850, mean 5.85): the 800 between
+    # them took (850 * 5.85 - 50 * 5.05) / 800 ms each
+    mean = round((850 * 5.85 - 50 * 5.05) / 800, 4)
+    assert rec["gpu_forward_ms"] == {
+        "pp rank 0, tp rank 0": stage0,
+        "pp rank 1, tp rank 0": {"64@64": [800, mean]},
+    }
+    assert "gpu_forward_ms" not in rec["later_stages"]["pp rank 1"]
+
+
+def test_gpu_time_deltas_keep_the_forwards_between_two_snapshots():
+    before = {"32@64": [10, 6.0], "64@64": [5, 4.0]}
+    after = {"32@64": [30, 7.0], "64@64": [5, 4.0], "128@64": [2, 9.0]}
+    assert stats.gpu_time_deltas(before, after) == {"32@64": [20, 7.5], "128@64": [2, 9.0]}
+    assert stats.gpu_time_deltas(None, after) == after
 
 
 def test_phases_per_iteration_come_from_decode_only_iterations_where_counted():

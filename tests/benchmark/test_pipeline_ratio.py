@@ -89,6 +89,33 @@ def test_the_ratio_from_counters_sits_beside_the_wall_clock_one():
     assert "sp_over_pp_counters" not in pipeline_ratio.compare(summary)[0]
 
 
+def test_the_ideal_takes_each_points_own_forwards_where_recorded():
+    """A server's timers merge its points: the stock server's 8-row forwards at B = 16 above
+    read 4.0 ms over every point. Point timers say what this B ran: the default cap put all 16
+    rows in one micro-batch (no 8-row forward: the next stock point is asked), the balanced cap
+    two of 8 at 6.0 ms (both stages busy), and SP's 16-row forwards took 7.0 at this point."""
+    summary = _summary()
+    results = summary["models"]["m"]["results"]
+    results[0]["batches"][0]["gpu_forward_ms"] = {"pp rank 0, tp rank 0": {f"16@{CTX}": [9, 4.2]}}
+    results[1]["batches"][0]["gpu_forward_ms"] = {"pp rank 0, tp rank 0": {f"8@{CTX}": [9, 6.0]}}
+    sp_point = results[3]["batches"][0]
+    sp_point["gpu_forward_ms"] = {
+        "pp rank 0, tp rank 0": {f"16@{CTX}": [9, 7.0]},
+        "pp rank 1, tp rank 0": {f"16@{CTX}": [9, 6.5]},
+    }
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["stage_ms_source"] == "point"
+    assert (row["stage_ms_pp"], row["stage_ms_sp"]) == (6.0, 7.0)
+    assert row["ideal"] == pytest.approx(2 * 6.0 / (1.25 * 7.0), abs=1e-3)
+    assert row["iter_over_gpu"] == pytest.approx(5.5 / 7.0, abs=1e-3)
+    assert row["later_stages"]["pp rank 1"]["gpu_ms"] == 6.5
+    # without a stock point of B/N-row forwards: the servers' timers, said so
+    del results[1]["batches"][0]["gpu_forward_ms"]
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["stage_ms_source"] == "server"
+    assert (row["stage_ms_pp"], row["stage_ms_sp"]) == (4.0, 5.0)
+
+
 def test_the_table_prints_the_later_stages(capsys):
     pipeline_ratio.print_table(pipeline_ratio.compare(_summary()))
     assert "pp rank 1: busy 5.60 launch 4.20 (gpu 4.00)" in capsys.readouterr().out

@@ -386,6 +386,20 @@ STAT_GAUGES = SPStats.gauge_names()
 STAT_COUNTERS: tuple[str, ...] = SPStats.counter_names() + tuple(PhaseTimer(SP_PHASES).as_dict())
 
 
+def gpu_time_deltas(before: Optional[Dict[str, list]], after: Dict[str, list]) -> Dict[str, list]:
+    """What a rank's :class:`GpuForwardTimer` recorded between two snapshots of
+    :meth:`GpuForwardTimer.as_dict` (``{"rows@ctx": [forwards, mean ms]}``): the forwards of
+    each kind in between and their mean, so a benchmark point's stage times are its own and
+    not the server's over every point. Kinds with no forward in between are left out."""
+    before = before or {}
+    out: Dict[str, list] = {}
+    for key, (n, mean) in after.items():
+        n0, mean0 = before.get(key, (0, 0.0))
+        if n > n0:
+            out[key] = [n - n0, round((n * mean - n0 * mean0) / (n - n0), 4)]
+    return out
+
+
 def stat_deltas(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
     """What a rank's Spexis counters did between two snapshots (``/server_info``'s
     ``internal_states[i]["spexis"]``); keys ``after`` lacks are left out, ones ``before`` lacks
