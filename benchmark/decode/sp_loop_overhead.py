@@ -191,7 +191,7 @@ def later_ranks(
         first = [state_logged_for(states, t) for t in (t_before, t_after)]
         if None in first:
             continue
-        d = stat_deltas(*first)
+        d = stat_deltas(*(line["spexis"] for line in first))
         n = d.get("decode_iterations", 0)
         if n <= 0:
             continue

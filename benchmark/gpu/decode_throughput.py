@@ -771,19 +771,12 @@ def rank_states(log_path: str) -> Dict[str, List[Dict[str, Any]]]:
 
 
 def state_logged_for(
-    seen: List[Dict[str, Any]], start: float, end: float = float("inf"), whole: bool = False
+    seen: List[Dict[str, Any]], start: float, end: float = float("inf")
 ) -> Optional[Dict[str, Any]]:
     """A rank's answer to the ``/server_info`` call that began at ``start``: the first state
-    it logged in [start, end) (it logs once the request is relayed to it), or None; its
-    counters (``spexis``), or with ``whole`` the logged line (with its GPU timers)."""
-    return next(
-        (
-            st if whole else st["spexis"]
-            for st in seen
-            if start <= st.get("t", -1.0) < end and st.get("spexis")
-        ),
-        None,
-    )
+    it logged in [start, end) (it logs once the request is relayed to it), or None. The
+    logged line: its counters under ``spexis``, its GPU timers (if on) beside them."""
+    return next((st for st in seen if start <= st.get("t", -1.0) < end and st.get("spexis")), None)
 
 
 def later_stage_phases(
@@ -795,14 +788,14 @@ def later_stage_phases(
     call began (it answers once the request has been relayed to it, possibly after stage 0
     has replied) and before the next call began. A rank that logged none for a call is left
     out."""
-    from spexis_sglang.srt.stats import stat_deltas
+    from spexis_sglang.srt.stats import gpu_time_deltas, stat_deltas
 
     out: Dict[str, Any] = {}
     if len(snapshots) != 4:
         return out
     starts = [t0 for t0, _ in snapshots] + [float("inf")]
     for label, seen in states.items():
-        lines = [state_logged_for(seen, starts[k], starts[k + 1], whole=True) for k in range(4)]
+        lines = [state_logged_for(seen, starts[k], starts[k + 1]) for k in range(4)]
         if None in lines:
             continue
         picked = [line["spexis"] for line in lines]
@@ -814,8 +807,6 @@ def later_stage_phases(
         }
         gpu_after = lines[3].get("spexis_gpu_forward_ms")
         if gpu_after:  # the pair's own forwards on this rank (SPEXIS_GPU_TIMERS)
-            from spexis_sglang.srt.stats import gpu_time_deltas
-
             before = lines[0].get("spexis_gpu_forward_ms")
             out[label]["gpu_forward_ms"] = gpu_time_deltas(before, gpu_after)
     return out

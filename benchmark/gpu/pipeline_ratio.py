@@ -163,16 +163,11 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                 # whose micro-batches are B/N rows (at async depth 0 first); where the run
                 # recorded no point timers, from the servers' timers over all their points
                 t_sp = point_stage_ms(x, b, ctx)
-                by_depth = sorted(pps, key=async_depth)
-                t_pp = next(
-                    (
-                        t
-                        for r in by_depth
-                        for t in [point_stage_ms(_point(r, b, in_len), b // n, ctx)]
-                        if t
-                    ),
-                    None,
-                )
+                t_pp = None
+                for r in sorted(pps, key=async_depth):
+                    t_pp = point_stage_ms(_point(r, b, in_len), b // n, ctx)
+                    if t_pp:
+                        break
                 row["stage_ms_source"] = "point" if t_sp and t_pp else "server"
                 if not (t_sp and t_pp):
                     t_sp = stage_ms(sp, b, ctx)

@@ -82,6 +82,14 @@ def rank_label(path: str) -> str:
     return f"pp{m.group(1)}" if m else os.path.basename(path).split(".")[0]
 
 
+def _per_forward(by_kernel: Dict[str, List[float]], n: int, top: int) -> List[Dict[str, Any]]:
+    """The ``top`` kernels by device time: launches and µs per forward over ``n`` forwards."""
+    return [
+        {"kernel": k, "count": round(len(v) / n, 2), "us": round(sum(v) / n, 2)}
+        for k, v in sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
+    ]
+
+
 def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[str, Any]:
     """One rank's trace: see the module's docstring. ``skip`` forwards at either end are left
     out (the profiler starts and stops inside them)."""
@@ -198,16 +206,10 @@ def analyse(events: List[Dict[str, Any]], skip: int = 2, top: int = 12) -> Dict[
         prev_end = last
     out["per_forward"] = {k: _stats(v) for k, v in rows.items()}
     n = max(1, len(rows.get("device_span_ms", [])))
-    out["eager_device_work_per_forward"] = [
-        {"kernel": k, "count": round(len(v) / n, 2), "us": round(sum(v) / n, 2)}
-        for k, v in sorted(eager_by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
-    ]
+    out["eager_device_work_per_forward"] = _per_forward(eager_by_kernel, n, top)
     # the replays' kernels by name: where one configuration's forward spends what another's
     # does not (summed over a kernel's launches, so a name run once per layer reads per forward)
-    out["graph_device_work_per_forward"] = [
-        {"kernel": k, "count": round(len(v) / n, 2), "us": round(sum(v) / n, 2)}
-        for k, v in sorted(graph_by_kernel.items(), key=lambda kv: -sum(kv[1]))[: 2 * top]
-    ]
+    out["graph_device_work_per_forward"] = _per_forward(graph_by_kernel, n, 2 * top)
 
     # the host's heaviest ops and runtime calls inside run_batch (self time not separated:
     # nested aten ops count in their parent too, so read these as "where", not a sum)
