@@ -18,7 +18,9 @@ For every model and every configuration the machine can hold, this starts one
   PP: B/N per iteration) and ``wall_over_counters``, the two rates' ratio: a point whose runs
   paid different one-time costs shows there as a ratio away from 1, and ``short_run_stalled``
   where a phase's difference came out negative (a short run that stalled 0.3-0.9 s inside
-  its decode iterations, which inflates both rates: ``--repeats 3`` takes the median pair);
+  its decode iterations, which inflates both rates: ``--repeats 3`` takes the median pair;
+  with one pair, a point whose two rates differ by more than 10 % is measured once more and
+  the pair whose rates agree best stands);
 * per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
   PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
   decode step of a request is N stage intervals of micro-batches of B/N); Spexis SP:
@@ -46,7 +48,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -54,7 +56,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
 
-from pipeline_ratio import STAGE0, async_depth, counter_tok_s  # noqa: E402
+from pipeline_ratio import STAGE0, async_depth, counter_tok_s, wall_agrees  # noqa: E402
 
 from spexis_sglang.srt.config import ENV_PROFILE_RANGES  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
@@ -460,7 +462,7 @@ def measure_batch(
 
     pairs = [measure_pair() for _ in range(max(1, a.repeats))]
     if len(pairs) == 1:
-        return pairs[0]
+        return measure_again_if_wall_off(pairs[0], measure_pair)
     pairs.sort(key=lambda r: r["t_step_s"])
     rec = pairs[(len(pairs) - 1) // 2]
     steps = [r["t_step_s"] for r in pairs]
@@ -468,6 +470,23 @@ def measure_batch(
     rec["repeats_spread"] = round((steps[-1] - steps[0]) / rec["t_step_s"], 4)
     rec["outputs_ok"] = all(r["outputs_ok"] for r in pairs)
     return rec
+
+
+def measure_again_if_wall_off(
+    rec: Dict[str, Any], measure_pair: Callable[[], Dict[str, Any]]
+) -> Dict[str, Any]:
+    """One more pair where a single pair's wall rate and counter rate disagree (one run paid a
+    one-time cost: a short run 1 s slow at B = 512 once read as 1.9x the rate); the pair whose
+    two rates agree best stands, both pairs' numbers kept (``remeasured``)."""
+    if wall_agrees(rec):
+        return rec
+    pairs = [rec, measure_pair()]
+    best = min(pairs, key=lambda r: abs(r.get("wall_over_counters", 1.0) - 1.0))
+    best["remeasured"] = {
+        "t_step_s": [round(r["t_step_s"], 6) for r in pairs],
+        "wall_over_counters": [r.get("wall_over_counters") for r in pairs],
+    }
+    return best
 
 
 def auto_warmup(

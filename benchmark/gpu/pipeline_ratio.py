@@ -19,6 +19,19 @@ acceptance measured in the SP run (forced in the benchmark mode). Besides the ra
 gives stage 0's SP iteration time against its own GPU time (1.0 = its host work is hidden),
 and each later stage's loop by phase where the run recorded it (``later_stages``).
 
+The ideal assumes stock PP runs B/N-row micro-batches with every stage busy. Where its best
+schedule is another (SGLang's default cap puts B ≤ 256 into one micro-batch and the stages take
+turns), the ideal is not what SP can reach against it. SP's *ceiling* is: all B rows every
+T(B), B / ((N − Θ(N−1)) · T(B)) tokens per second; ``ceiling_over_pp`` sets it against stock's
+measured best (where SP could get to, on this machine, against what stock did) and
+``of_ceiling`` is SP's measured rate over it (what SP's host work and rejected rows left).
+
+Rates are wall-clock (two runs' time difference over their extra steps). Where a point's wall
+rate and its own counter rate differ by more than 10 % (one of its runs paid a one-time cost),
+the row compares counter rates instead (``ratio_source``: ``counters``; the wall ratio stays
+in ``sp_over_pp_wall``). A point whose server cannot hold all B requests at once (KV pool or
+running cap) has no ratio (``short_of_batch`` says why).
+
     python3 benchmark/gpu/pipeline_ratio.py decode_throughput.json [rows.json [plot.png]]
 
 The plot: decode tok/s against B for every configuration (left) and, per SP configuration,
@@ -106,6 +119,72 @@ def counter_tok_s(point: Dict[str, Any], kind: str, n: int, depth: int = 0) -> O
     return per_iteration / (busy / 1e3)
 
 
+# a point whose wall-clock rate and counter rate differ by more than this paid a one-time
+# cost in one of its two runs (seen: a short run 1 s slower at B = 512, read as 1.9x the rate)
+WALL_TOLERANCE = 0.1
+
+
+def wall_agrees(point: Dict[str, Any]) -> bool:
+    """Whether a point's wall-clock rate matches its counters' (True without counters)."""
+    ratio = point.get("wall_over_counters")
+    return ratio is None or abs(ratio - 1.0) <= WALL_TOLERANCE
+
+
+def compare_rates(
+    row: Dict[str, Any],
+    sp_point: Dict[str, Any],
+    pp_points: Dict[str, Dict[str, Any]],
+    pp_results: Dict[str, Dict[str, Any]],
+    n: int,
+) -> None:
+    """SP against the best stock point, into ``row``: by wall clock, the benchmark's rate,
+    unless a point's wall rate disagrees with its own counters (``wall_disagrees``); then by
+    counters, where every point has them (``ratio_source``). The other ratio stays beside."""
+    wall_best = max(pp_points, key=lambda k: pp_points[k]["decode_tok_s"])
+    wall_ratio = sp_point["decode_tok_s"] / pp_points[wall_best]["decode_tok_s"]
+    row["pp_tok_s"] = {k: round(v["decode_tok_s"]) for k, v in pp_points.items()}
+    row.update(
+        pp_best=wall_best,
+        pp_best_tok_s=row["pp_tok_s"][wall_best],
+        sp_over_pp=round(wall_ratio, 3),
+        ratio_source="wall",
+    )
+    sp_c = counter_tok_s(sp_point, "sp", n)
+    pp_c = {k: counter_tok_s(v, "pp", n, async_depth(pp_results[k])) for k, v in pp_points.items()}
+    pp_c = {k: v for k, v in pp_c.items() if v}
+    if not (sp_c and pp_c):
+        return
+    ctr_best = max(pp_c, key=pp_c.get)
+    row["sp_over_pp_counters"] = round(sp_c / pp_c[ctr_best], 3)
+    disagree = [row["config"]] if not wall_agrees(sp_point) else []
+    disagree += [k for k, v in pp_points.items() if not wall_agrees(v)]
+    if not disagree:
+        return
+    row["wall_disagrees"] = disagree
+    if len(pp_c) == len(pp_points):
+        row.update(
+            pp_best=ctr_best,
+            pp_best_tok_s=round(pp_c[ctr_best]),
+            sp_tok_s=round(sp_c),
+            sp_wall_tok_s=round(sp_point["decode_tok_s"]),
+            sp_over_pp=row["sp_over_pp_counters"],
+            sp_over_pp_wall=round(wall_ratio, 3),
+            ratio_source="counters",
+        )
+
+
+def short_of_batch(res: Dict[str, Any], batch: int, input_len: int, output_len: int) -> str:
+    """Why a server cannot run all ``batch`` requests at once ("" where it can): its KV pool
+    is short of their full lengths, or its running cap below B. Such a point runs fewer than
+    B requests at a time, and its rate is no decode rate at B."""
+    pool, cap = res.get("max_total_num_tokens"), res.get("max_running_requests")
+    if pool and batch * (input_len + output_len) > int(pool):
+        return f"{res['config']}: KV pool {pool} tokens < {batch} x {input_len + output_len}"
+    if cap and batch > int(cap):
+        return f"{res['config']}: --max-running-requests {cap} < {batch}"
+    return ""
+
+
 def _point(res: Dict[str, Any], batch: int, input_len: int) -> Optional[Dict[str, Any]]:
     for x in res.get("batches", []):
         if x.get("batch") == batch and x.get("input_len") == input_len and x.get("decode_tok_s"):
@@ -143,20 +222,17 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                 row["theta"] = None if theta is None else round(theta, 3)
                 pp_points = {r["config"]: _point(r, b, in_len) for r in pps}
                 pp_points = {k: v for k, v in pp_points.items() if v}
+                short = [
+                    why
+                    for res in [sp] + [r for r in pps if r["config"] in pp_points]
+                    if (why := short_of_batch(res, b, in_len or 0, out_len))
+                ]
+                if short:  # the rates stay in the results; no ratio is drawn from them
+                    row["short_of_batch"] = short
+                    out.append(row)
+                    continue
                 if pp_points:
-                    best = max(pp_points, key=lambda k: pp_points[k]["decode_tok_s"])
-                    row["pp_tok_s"] = {k: round(v["decode_tok_s"]) for k, v in pp_points.items()}
-                    row["pp_best"] = best
-                    row["sp_over_pp"] = round(
-                        x["decode_tok_s"] / pp_points[best]["decode_tok_s"], 3
-                    )
-                    # the same ratio from stage 0's own counters (decode_throughput's
-                    # counter_tok_s): unmoved by a run that paid a one-time cost
-                    sp_c = counter_tok_s(x, "sp", n)
-                    best_res = next(r for r in pps if r["config"] == best)
-                    pp_c = counter_tok_s(pp_points[best], "pp", n, async_depth(best_res))
-                    if sp_c and pp_c:
-                        row["sp_over_pp_counters"] = round(sp_c / pp_c, 3)
+                    compare_rates(row, x, pp_points, {r["config"]: r for r in pps}, n)
                 if pp1 is not None and _point(pp1, b, in_len):
                     row["pp1_tok_s"] = round(_point(pp1, b, in_len)["decode_tok_s"])
                 # T(B) from this point's forwards of B rows, T(B/N) from a stock point at this B
@@ -179,6 +255,13 @@ def compare(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
                     row["ideal"] = round(ideal, 3)
                     if "sp_over_pp" in row:
                         row["of_ideal"] = round(row["sp_over_pp"] / ideal, 3)
+                if t_sp and theta is not None:
+                    # SP's own ceiling: all B rows every T(B), 1 / (N - Θ(N-1)) tokens a row
+                    ceiling = b * 1e3 / ((n - theta * (n - 1)) * t_sp)
+                    row["ceiling_tok_s"] = round(ceiling)
+                    row["of_ceiling"] = round(row["sp_tok_s"] / ceiling, 3)
+                    if row.get("pp_best_tok_s"):
+                        row["ceiling_over_pp"] = round(ceiling / row["pp_best_tok_s"], 3)
                 it = spx.get("iter_time_s")
                 t0 = point_stage_ms(x, b, ctx, STAGE0) or stage_ms(sp, b, ctx, STAGE0)
                 if it and t0:
@@ -209,24 +292,36 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
         return
     head = (
         f"{'model':<14} {'config':<34} {'in':>5} {'B':>4} {'theta':>5} {'SP tok/s':>9} "
-        f"{'PP best':>9} {'SP/PP':>6} {'ideal':>6} {'of id.':>6} {'T(B/N)':>7} {'T(B)':>7} "
-        f"{'it/gpu':>6} {'ctr':>6}"
+        f"{'PP best':>9} {'SP/PP':>7} {'ideal':>6} {'of id.':>6} {'T(B/N)':>7} {'T(B)':>7} "
+        f"{'it/gpu':>6} {'ctr':>6} {'ceil/PP':>7} {'of ceil':>7}"
     )
     print(head)
     for r in rows:
-        best = (r.get("pp_tok_s") or {}).get(r.get("pp_best"), "")
 
         def f(k, fmt="{:.3f}"):
             v = r.get(k)
             return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
+        mark = "*" if r.get("ratio_source") == "counters" else " "
         print(
             f"{r['model']:<14} {r['config']:<34} {r['input_len'] or 0:>5} {r['batch']:>4} "
-            f"{f('theta', '{:.2f}'):>5} {r['sp_tok_s']:>9} {best:>9} {f('sp_over_pp'):>6} "
-            f"{f('ideal'):>6} {f('of_ideal'):>6} {f('stage_ms_pp', '{:.2f}'):>7} "
-            f"{f('stage_ms_sp', '{:.2f}'):>7} {f('iter_over_gpu', '{:.2f}'):>6} "
-            f"{f('sp_over_pp_counters'):>6}"
+            f"{f('theta', '{:.2f}'):>5} {r['sp_tok_s']:>9} {f('pp_best_tok_s', '{}'):>9} "
+            f"{f('sp_over_pp')}{mark} {f('ideal'):>6} {f('of_ideal'):>6} "
+            f"{f('stage_ms_pp', '{:.2f}'):>7} {f('stage_ms_sp', '{:.2f}'):>7} "
+            f"{f('iter_over_gpu', '{:.2f}'):>6} {f('sp_over_pp_counters'):>6} "
+            f"{f('ceiling_over_pp'):>7} {f('of_ceiling'):>7}"
         )
+    if any(r.get("ratio_source") == "counters" for r in rows):
+        print(
+            "* a point's wall-clock rate disagreed with its counters by more than "
+            f"{WALL_TOLERANCE:.0%}: SP/PP, SP and PP tok/s from the counters"
+        )
+    for r in rows:
+        if r.get("short_of_batch"):
+            print(
+                f"no ratio at in={r['input_len'] or 0} B={r['batch']} ({r['config']}), not all "
+                f"B requests run at once: {'; '.join(r['short_of_batch'])}"
+            )
     later = [r for r in rows if r.get("later_stages")]
     if later:
         print("\nlater stages, ms per SP iteration by phase (their GPU ms per forward):")
@@ -252,15 +347,25 @@ def plot(summary: Dict[str, Any], rows: List[Dict[str, Any]], path: str, title: 
     fig, axes = plt.subplots(len(panels), 2, figsize=(12, 4.2 * len(panels)), squeeze=False)
     for (model, in_len), (ax_tp, ax_ratio) in zip(panels, axes):
         for res in summary["models"][model]["results"]:
-            pts = [
-                (x["batch"], x["decode_tok_s"])
+            mine = [
+                x
                 for x in res.get("batches", [])
                 if x.get("decode_tok_s") and x.get("input_len") == in_len
             ]
+            # a point whose wall rate is off its counters: the counter rate, drawn hollow
+            off = [x for x in mine if not wall_agrees(x) and x.get("counter_tok_s")]
+            pts = [
+                (x["batch"], x["counter_tok_s"] if x in off else x["decode_tok_s"]) for x in mine
+            ]
             if pts:
                 style = "-o" if res["kind"] == "sp" else "--s"
-                ax_tp.plot(*zip(*pts), style, label=res["config"], markersize=4)
-        ax_tp.set(xscale="log", xlabel="batch B (requests)", ylabel="decode tok/s")
+                line = ax_tp.plot(*zip(*pts), style, label=res["config"], markersize=4)[0]
+                if off:
+                    hollow = [(x["batch"], x["counter_tok_s"]) for x in off]
+                    ax_tp.plot(*zip(*hollow), "o", mfc="white", color=line.get_color(), ms=7)
+        ax_tp.set(
+            xscale="log", xlabel="batch B (requests)", ylabel="decode tok/s (hollow: counters)"
+        )
         ax_tp.set_title(f"{model}, input {in_len}")
         ax_tp.legend(fontsize=7)
         for cfg in sorted(
@@ -271,10 +376,25 @@ def plot(summary: Dict[str, Any], rows: List[Dict[str, Any]], path: str, title: 
             ]
             got = [(r["batch"], r["sp_over_pp"]) for r in mine if "sp_over_pp" in r]
             ideal = [(r["batch"], r["ideal"]) for r in mine if "ideal" in r]
+            ceiling = [(r["batch"], r["ceiling_over_pp"]) for r in mine if "ceiling_over_pp" in r]
+            by_counters = [
+                (r["batch"], r["sp_over_pp"]) for r in mine if r.get("ratio_source") == "counters"
+            ]
             if got:
                 line = ax_ratio.plot(*zip(*got), "-o", markersize=4, label=f"{cfg}: measured")[0]
+                color = line.get_color()
+                if by_counters:
+                    ax_ratio.plot(
+                        *zip(*by_counters), "o", mfc="white", color=color, markersize=7,
+                        label=f"{cfg}: from counters (wall clock off)",
+                    )  # fmt: skip
                 if ideal:
-                    ax_ratio.plot(*zip(*ideal), ":", color=line.get_color(), label=f"{cfg}: ideal")
+                    ax_ratio.plot(*zip(*ideal), ":", color=color, label=f"{cfg}: ideal")
+                if ceiling:
+                    ax_ratio.plot(
+                        *zip(*ceiling), "--", lw=0.8, color=color,
+                        label=f"{cfg}: SP ceiling / stock's best",
+                    )  # fmt: skip
         ax_ratio.axhline(1.0, color="grey", lw=0.8)
         ax_ratio.set(xscale="log", xlabel="batch B (requests)", ylabel="SP / best stock PP")
         ax_ratio.legend(fontsize=7)

@@ -89,6 +89,69 @@ def test_the_ratio_from_counters_sits_beside_the_wall_clock_one():
     assert "sp_over_pp_counters" not in pipeline_ratio.compare(summary)[0]
 
 
+def test_a_wall_rate_off_its_counters_hands_the_comparison_to_the_counters():
+    """A short run that paid a one-time cost makes the two runs' difference too small: the
+    wall rate reads far above the counters' (seen at B = 512: 1.87x). Within 10 % the wall
+    ratio stands; beyond it the row compares counter rates, the best stock point by them."""
+    summary = _summary()
+    results = summary["models"]["m"]["results"]
+    for res, busy in zip(results[:3], (4.0, 6.0, 3.2)):  # 2,000 / 1,333 / 2,500 tok/s
+        res["batches"][0]["stock_phase_ms_per_iteration"] = {"busy": busy}
+    sp = results[3]["batches"][0]
+    sp["sp"].update(
+        short={"decode_iterations": 5, "tokens_committed": 80},
+        long={"decode_iterations": 15, "tokens_committed": 230},
+        phase_ms_per_iteration={"busy": 6.0},  # 2,500 tok/s
+    )
+    sp["wall_over_counters"] = 1.09
+    (row,) = pipeline_ratio.compare(summary)
+    assert (row["ratio_source"], row["sp_over_pp"]) == ("wall", 1.2)
+    assert "wall_disagrees" not in row
+    sp["wall_over_counters"] = 1.2
+    results[2]["batches"][0]["wall_over_counters"] = 0.85
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["ratio_source"] == "counters"
+    assert row["wall_disagrees"] == ["spexis_sp2_theta0.75", "sglang_pp2_async1"]
+    assert row["sp_over_pp"] == pytest.approx(2500 / 2500, abs=1e-3)
+    assert (row["sp_tok_s"], row["pp_best_tok_s"], row["sp_over_pp_wall"]) == (2500, 2500, 1.2)
+    # a stock point without counters: the wall ratio stays, the disagreement said
+    del results[1]["batches"][0]["stock_phase_ms_per_iteration"]
+    (row,) = pipeline_ratio.compare(summary)
+    assert (row["ratio_source"], row["sp_over_pp"]) == ("wall", 1.2)
+    assert row["wall_disagrees"]
+
+
+def test_a_point_whose_server_cannot_hold_all_b_requests_gets_no_ratio(capsys):
+    """A KV pool short of B requests' full lengths (or a running cap below B) runs fewer
+    than B at once: both rates are then no decode rate at B (seen: stock's wall rate half its
+    counters at input 2,048, B = 64), so no ratio is drawn and the table says why."""
+    summary = _summary()
+    results = summary["models"]["m"]["results"]
+    results[3]["max_total_num_tokens"] = 16 * 256  # exactly 16 requests of 128 + 128
+    assert "sp_over_pp" in pipeline_ratio.compare(summary)[0]
+    results[1]["max_total_num_tokens"] = 16 * 256 - 1
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["short_of_batch"] == ["sglang_pp2_balanced: KV pool 4095 tokens < 16 x 256"]
+    assert not {"sp_over_pp", "ideal", "ceiling_tok_s"} & set(row)
+    del results[1]["max_total_num_tokens"]
+    results[3]["max_running_requests"] = 8
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["short_of_batch"] == ["spexis_sp2_theta0.75: --max-running-requests 8 < 16"]
+    pipeline_ratio.print_table([row])
+    assert "no ratio at in=128 B=16" in capsys.readouterr().out
+
+
+def test_the_ceiling_sets_sp_at_all_rows_against_stocks_best_schedule():
+    """Stock's best may not be the ideal's B/N micro-batches (one micro-batch, the stages in
+    turn): SP's ceiling B / ((N - theta (N-1)) T(B)) against stock's measured best says where
+    SP could get to; SP's measured rate over it, what its host work left."""
+    (row,) = pipeline_ratio.compare(_summary())
+    ceiling = 16 * 1e3 / (1.25 * 5.0)  # 2,560 tok/s
+    assert row["ceiling_tok_s"] == round(ceiling)
+    assert row["ceiling_over_pp"] == pytest.approx(ceiling / 2500, abs=1e-3)
+    assert row["of_ceiling"] == pytest.approx(3000 / ceiling, abs=1e-3)
+
+
 def test_the_ideal_takes_each_points_own_forwards_where_recorded():
     """A server's timers merge its points: the stock server's 8-row forwards at B = 16 above
     read 4.0 ms over every point. Point timers say what this B ran: the default cap put all 16
@@ -124,6 +187,10 @@ def test_the_table_prints_the_later_stages(capsys):
 def test_plot_draws_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     summary = _summary()
+    # a point whose wall rate is off its counters is drawn at its counter rate
+    summary["models"]["m"]["results"][3]["batches"][0].update(
+        wall_over_counters=1.5, counter_tok_s=2000.0
+    )
     out = tmp_path / "ratio.png"
     pipeline_ratio.plot(summary, pipeline_ratio.compare(summary), str(out), "title")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -215,3 +282,25 @@ def test_micro_batch_cap_refused_is_an_error_and_sp_is_left_alone():
     srv = _FakeServer([True])
     assert decode_throughput.set_micro_batch_cap(srv, {"kind": "sp", "n": 2}, {}, 16, a) is None
     assert srv.sent == []
+
+
+def test_a_pair_whose_wall_rate_is_off_its_counters_is_measured_once_more():
+    calls = []
+
+    def again(ratio):
+        def measure():
+            calls.append(ratio)
+            return {"t_step_s": 0.01, "wall_over_counters": ratio}
+
+        return measure
+
+    agreeing = {"t_step_s": 0.02, "wall_over_counters": 1.05}
+    assert decode_throughput.measure_again_if_wall_off(agreeing, again(1.0)) is agreeing
+    assert calls == []
+    off = {"t_step_s": 0.005, "wall_over_counters": 1.87}
+    rec = decode_throughput.measure_again_if_wall_off(off, again(0.98))
+    assert (calls, rec["wall_over_counters"]) == ([0.98], 0.98)
+    assert rec["remeasured"] == {"t_step_s": [0.005, 0.01], "wall_over_counters": [1.87, 0.98]}
+    # the second pair no better: the first stands, both kept
+    rec = decode_throughput.measure_again_if_wall_off(dict(off), again(2.5))
+    assert rec["wall_over_counters"] == 1.87 and len(rec["remeasured"]["t_step_s"]) == 2
