@@ -23,7 +23,9 @@ For every model and every configuration the machine can hold, this starts one
   the pair whose rates agree best stands);
 * per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
   PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
-  decode step of a request is N stage intervals of micro-batches of B/N); Spexis SP:
+  decode step of a request is N stage intervals of micro-batches of B/N; where SGLang's cap
+  put all B into one micro-batch, the stages taking turns, ``[B, T_step/N]``: the rows come
+  from the point's own GPU timers where it has them); Spexis SP:
   ``latency_sp`` ``[B, dt / d(decode_iterations)]`` from the server's Spexis counters
   (every running request rides every iteration), and the measured acceptance as ``theta``.
 
@@ -56,7 +58,13 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 CONFIGS = os.path.join(HERE, "configs")
 
-from pipeline_ratio import STAGE0, async_depth, counter_tok_s, wall_agrees  # noqa: E402
+from pipeline_ratio import (  # noqa: E402
+    STAGE0,
+    async_depth,
+    counter_tok_s,
+    forward_rows,
+    wall_agrees,
+)
 
 from spexis_sglang.srt.config import ENV_PROFILE_RANGES  # noqa: E402
 from spexis_sglang.testing import ServerProcess  # noqa: E402
@@ -425,7 +433,8 @@ def measure_batch(
             rec["gpu_forward_ms"] = {STAGE0: gpu_time_deltas(gpu[0], gpu[-1])}
         n = cfg["n"]
         if cfg["kind"] == "pp":
-            rec["stage_batch"] = batch / n
+            # the rows its forwards ran: B/N, or B where one micro-batch held every request
+            rec["stage_batch"] = forward_rows(rec) or batch / n
             rec["stage_time_s"] = t_step / n
             if d_s is not None and d_l is not None:  # SPEXIS_PHASE_TIMERS=1: stage 0's steps
                 rec["stock_phase_ms_per_iteration"] = phase_ms_per_iteration(d_s, d_l)

@@ -84,6 +84,17 @@ def point_stage_ms(
     return stage_ms({"gpu_forward_ms": point["gpu_forward_ms"]}, rows, ctx, rank)
 
 
+def forward_rows(point: Optional[Dict[str, Any]], rank: str = STAGE0) -> Optional[int]:
+    """The rows of most of a point's decode forwards on ``rank``, from its own GPU timers
+    (None without them): B/N for stock PP's balanced micro-batches, B where SGLang's cap
+    put every request into one micro-batch and the stages took turns."""
+    times = ((point or {}).get("gpu_forward_ms") or {}).get(rank) or {}
+    if not times:
+        return None
+    key = max(times, key=lambda k: times[k][0])
+    return int(key.split("@")[0])
+
+
 def async_depth(res: Dict[str, Any]) -> int:
     """A stock PP result's (or configuration's) ``--pp-async-batch-depth``, 0 if not given."""
     args = [str(a) for a in res.get("server_args") or res.get("args") or []]

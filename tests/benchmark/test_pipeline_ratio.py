@@ -304,3 +304,14 @@ def test_a_pair_whose_wall_rate_is_off_its_counters_is_measured_once_more():
     # the second pair no better: the first stands, both kept
     rec = decode_throughput.measure_again_if_wall_off(dict(off), again(2.5))
     assert rec["wall_over_counters"] == 1.87 and len(rec["remeasured"]["t_step_s"]) == 2
+
+
+def test_a_stock_points_stage_rows_are_the_rows_its_forwards_ran():
+    """SGLang's default cap puts B = 64 into one micro-batch (the stages in turn): the point's
+    own timers show 64-row forwards, and its stage table row is 64, not B/N = 32."""
+    one_batch = {"gpu_forward_ms": {pipeline_ratio.STAGE0: {"64@64": [142, 3.48], "1@1": [4, 3.7]}}}
+    assert pipeline_ratio.forward_rows(one_batch) == 64
+    two = {"gpu_forward_ms": {pipeline_ratio.STAGE0: {"32@64": [284, 4.77]}}}
+    assert pipeline_ratio.forward_rows(two) == 32
+    assert pipeline_ratio.forward_rows({"batch": 64}) is None
+    assert pipeline_ratio.forward_rows(None) is None
