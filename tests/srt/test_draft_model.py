@@ -248,6 +248,21 @@ def test_drafts_combined_across_vocabulary_shards_equal_one_rank_s(draft_vocab):
         assert not torch.equal(want_ids, dm.greedy_draft(logits)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_logits_draft_what_their_fp32_copy_drafts_bit_for_bit(dtype):
+    """The head reads 16-bit logits without an fp32 copy: the same ids (ties included: the
+    lowest id, as max takes) and the same confidences, to the bit, as from the copy."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(8, 5000, generator=gen) * 6).to(dtype)
+    logits[2, [7, 4000]] = logits[2].max() + 1  # a tie for the top: id 7 drafts
+    logits[5] = float("-inf")  # a row masked entirely
+    ids, conf = dm.greedy_draft(logits)
+    want_ids, want_conf = dm.greedy_draft(logits.float())
+    assert torch.equal(ids, want_ids) and int(ids[2]) == 7
+    assert torch.equal(conf, want_conf) and conf.dtype == torch.float32
+    assert float(conf[5]) == 0.0
+
+
 def test_a_row_its_grammar_masks_entirely_gets_confidence_zero():
     """Within a draft vocabulary a grammar may forbid every id (only later ids allowed): the
     row's draft is then rejected, never a NaN confidence in the ranking."""
