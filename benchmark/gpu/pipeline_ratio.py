@@ -22,9 +22,9 @@ and each later stage's loop by phase where the run recorded it (``later_stages``
 The ideal assumes stock PP runs B/N-row micro-batches with every stage busy. Where its best
 schedule is another (SGLang's default cap puts B ≤ 256 into one micro-batch and the stages take
 turns), the ideal is not what SP can reach against it. SP's *ceiling* is: all B rows every
-T(B), B / ((N − Θ(N−1)) · T(B)) tokens per second; ``ceiling_over_pp`` sets it against stock's
-measured best (where SP could get to, on this machine, against what stock did) and
-``of_ceiling`` is SP's measured rate over it (what SP's host work and rejected rows left).
+T(B) at α 0, B / ((N − Θ(N−1)) · T(B)) tokens per second; ``ceiling_over_pp`` sets it against
+stock's measured best (where SP could get to, on this machine, against what stock did) and
+``of_ceiling`` is SP's measured rate over it (what its host work, bubbles and α left).
 
 Rates are wall-clock (two runs' time difference over their extra steps). Where a point's wall
 rate and its own counter rate differ by more than 10 % (one of its runs paid a one-time cost),
@@ -358,21 +358,20 @@ def plot(summary: Dict[str, Any], rows: List[Dict[str, Any]], path: str, title: 
     fig, axes = plt.subplots(len(panels), 2, figsize=(12, 4.2 * len(panels)), squeeze=False)
     for (model, in_len), (ax_tp, ax_ratio) in zip(panels, axes):
         for res in summary["models"][model]["results"]:
-            mine = [
-                x
-                for x in res.get("batches", [])
-                if x.get("decode_tok_s") and x.get("input_len") == in_len
-            ]
-            # a point whose wall rate is off its counters: the counter rate, drawn hollow
-            off = [x for x in mine if not wall_agrees(x) and x.get("counter_tok_s")]
-            pts = [
-                (x["batch"], x["counter_tok_s"] if x in off else x["decode_tok_s"]) for x in mine
-            ]
+            pts, hollow = [], []
+            for x in res.get("batches", []):
+                if not x.get("decode_tok_s") or x.get("input_len") != in_len:
+                    continue
+                rate = x["decode_tok_s"]
+                # a point whose wall rate is off its counters: the counter rate, drawn hollow
+                if not wall_agrees(x) and x.get("counter_tok_s"):
+                    rate = x["counter_tok_s"]
+                    hollow.append((x["batch"], rate))
+                pts.append((x["batch"], rate))
             if pts:
                 style = "-o" if res["kind"] == "sp" else "--s"
                 line = ax_tp.plot(*zip(*pts), style, label=res["config"], markersize=4)[0]
-                if off:
-                    hollow = [(x["batch"], x["counter_tok_s"]) for x in off]
+                if hollow:
                     ax_tp.plot(*zip(*hollow), "o", mfc="white", color=line.get_color(), ms=7)
         ax_tp.set(
             xscale="log", xlabel="batch B (requests)", ylabel="decode tok/s (hollow: counters)"
