@@ -267,7 +267,7 @@ def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     are those of their fp32 copy, and the subtraction promotes to fp32 for the exponentials
     and their sum. No fp32 copy of the ``[rows, vocab]`` logits is made: at 64 rows of 128K
     ids that copy and a max over it were ~0.1 ms of stage 0's eager draft work on an H200.
-    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first, as before."""
+    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first."""
     if logits.dtype not in (torch.float16, torch.bfloat16):
         logits = logits.float()
     top, ids = logits.max(dim=-1)
