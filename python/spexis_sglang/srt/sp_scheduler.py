@@ -286,14 +286,11 @@ class SpexisScheduler(
         elif getattr(self, "stock_pp_timers", None) is not None:
             # a plain PP server under SPEXIS_PHASE_TIMERS=1: stock event_loop_pp by phase
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
-        gpu_ms = None
         if self.sp_gpu_timer is not None:
-            gpu_ms = ret.internal_state["spexis_gpu_forward_ms"] = self.sp_gpu_timer.as_dict()
-        state = ret.internal_state.get("spexis")
-        if state is not None and self.ps.pp_rank > 0 and self.ps.tp_rank == 0:
+            ret.internal_state["spexis_gpu_forward_ms"] = self.sp_gpu_timer.as_dict()
+        state = ret.internal_state
+        if "spexis" in state and self.ps.pp_rank > 0 and self.ps.tp_rank == 0:
             if rank_state_logging_enabled():  # this reply is dropped: log it instead
-                logged = {"spexis": state}
-                if gpu_ms is not None:
-                    logged["spexis_gpu_forward_ms"] = gpu_ms
+                logged = {k: state[k] for k in ("spexis", "spexis_gpu_forward_ms") if k in state}
                 log_rank_state(f"pp rank {self.ps.pp_rank}", logged)
         return ret
