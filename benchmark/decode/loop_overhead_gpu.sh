@@ -5,7 +5,7 @@
 # stages share it (SPEXIS_SHARE_GPU=1, NCCL over loopback): the GPU times then mean nothing, but
 # stage 0's scheduling and result processing are host CPU work, each stage on its own core.
 # The graph replay counter of every SP record shows that decode ran in graphs.
-# Output: $OUT/gpu_sp_loop_overhead.json and .log.
+# ONLY=sp or stock: one of the two servers. Output: $OUT/gpu_sp_loop_overhead.json and .log.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../gpu/common.sh"
@@ -19,7 +19,7 @@ BATCHES=${BATCHES:-64 256 512}
 # the steady window must not run out of tokens
 # shellcheck disable=SC2086
 python3 benchmark/decode/sp_loop_overhead.py --batches $BATCHES --new-tokens "${NEW_TOKENS:-2000}" \
-  --dtype bfloat16 --min-window-s "${WINDOW_S:-5}" --poll-s 0.5 \
+  --dtype bfloat16 --min-window-s "${WINDOW_S:-5}" --poll-s 0.5 ${ONLY:+--only $ONLY} \
   --server-args "${GPU_FLAGS[*]} --cuda-graph-max-bs 512 --mem-fraction-static 0.3 ${EXTRA:-}" \
   --out "$OUT/gpu_sp_loop_overhead.json" 2>&1 | tee "$OUT/gpu_sp_loop_overhead.log"
 exit "${PIPESTATUS[0]}"

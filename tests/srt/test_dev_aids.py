@@ -92,3 +92,32 @@ def test_share_gpu_mode_reads_the_switch(monkeypatch):
     monkeypatch.setenv("SPEXIS_SHARE_GPU", "yes")
     with pytest.raises(ValueError, match="SPEXIS_SHARE_GPU='yes'"):
         share_gpu_mode()
+
+
+def test_stock_loop_profile_ticks_once_a_step_and_writes_its_file(tmp_path):
+    """``SPEXIS_PROFILE_LOOP`` on a plain PP server: stock SGLang's loop is not this
+    project's, so the profile ticks in ``process_input_requests`` (once a micro-batch step),
+    which still receives the requests, and writes its statistics there."""
+    import pstats
+
+    from spexis_sglang.srt.profiling import profile_stock_loop
+
+    class Loop:
+        def __init__(self):
+            self.received = []
+
+        def process_input_requests(self, recv_reqs):
+            self.received.append(list(recv_reqs))
+
+    loop = Loop()
+    path = str(tmp_path / "stock.pp0.tp0.prof")
+    profiler = profile_stock_loop(loop, path)
+    try:
+        profiler.interval_s = 0.0
+        loop.process_input_requests(["a"])
+        loop.process_input_requests([])
+    finally:
+        profiler.profile.disable()
+    assert loop.received == [["a"], []]
+    names = {func[2] for func in pstats.Stats(path).stats}
+    assert "process_input_requests" in names

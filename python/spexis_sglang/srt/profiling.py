@@ -58,6 +58,21 @@ class LoopProfiler:
             self.profile.enable()
 
 
+def profile_stock_loop(scheduler: Any, path: str) -> LoopProfiler:
+    """A :class:`LoopProfiler` of stock SGLang's PP loop, which this project does not own: it
+    ticks in ``process_input_requests``, which that loop calls once per micro-batch step."""
+    profiler = LoopProfiler(path)
+    inner = scheduler.process_input_requests
+
+    @functools.wraps(inner)
+    def ticking(recv_reqs):
+        profiler.tick()
+        return inner(recv_reqs)
+
+    scheduler.process_input_requests = ticking
+    return profiler
+
+
 class ProfilerRanges:
     """Wraps, on one scheduler instance, the methods its PP loop calls in a
     ``torch.profiler.record_function`` range named ``spexis::<method>``.

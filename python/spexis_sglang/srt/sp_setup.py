@@ -232,6 +232,9 @@ class SPSetupMixin:
         prefix = env_value(ENV_PROFILE_LOOP)
         if not prefix:
             return None
-        from spexis_sglang.srt.profiling import LoopProfiler
+        from spexis_sglang.srt.profiling import LoopProfiler, profile_stock_loop
 
-        return LoopProfiler(f"{prefix}.pp{self.ps.pp_rank}.tp{self.ps.tp_rank}.prof")
+        path = f"{prefix}.pp{self.ps.pp_rank}.tp{self.ps.tp_rank}.prof"
+        if not self.sp_enabled:  # stock SGLang's loop
+            return profile_stock_loop(self, path)
+        return LoopProfiler(path)
