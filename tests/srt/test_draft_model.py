@@ -263,6 +263,50 @@ def test_16_bit_logits_draft_what_their_fp32_copy_drafts_bit_for_bit(dtype):
     assert float(conf[5]) == 0.0
 
 
+@pytest.mark.parametrize("rows", [1, 8, 16, 64, 128, 512])
+@pytest.mark.parametrize("vocab", [100, 2049, 49152, 128256, 151936])
+def test_fused_pass_splits_few_rows_and_covers_every_logit_once(rows, vocab):
+    """The fused pass splits a row into parts only where rows are few (enough programs at
+    once): the parts cover the row's ids once, each a whole number of blocks, none empty."""
+    from spexis_sglang.srt import draft_triton as dt
+
+    splits, span = dt.row_splits(rows, vocab)
+    assert span % dt.BLOCK == 0 and 1 <= splits <= dt.MAX_SPLITS
+    assert (splits - 1) * span < vocab <= splits * span
+    if rows >= dt.TARGET_PROGRAMS:
+        assert splits == 1
+    elif vocab >= 128256:
+        assert rows * splits >= min(dt.TARGET_PROGRAMS, rows * dt.MAX_SPLITS) / 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused pass needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("vocab", [100, 5000, 128256])
+@pytest.mark.parametrize("rows", [6, 9, 300])  # rows split into parts, and not
+def test_fused_pass_drafts_what_torch_s_ops_draft(dtype, vocab, rows):
+    """On a GPU one Triton pass takes the drafts (draft_triton): the same ids as PyTorch's
+    ops (a tie: the lowest id; across block boundaries too), confidences to fp32 rounding,
+    confidence 0 for a row masked entirely, and the block stage 0 reads back. (A tie across
+    the parts a row is split into picks the first part's id.)"""
+    from spexis_sglang.srt.draft_triton import fused_available, greedy_draft_fused
+    from spexis_sglang.srt.protocol import pack_drafts
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    logits = (torch.randn(rows, vocab, generator=gen, device="cuda") * 6).to(dtype)
+    logits[2, [7, vocab - 1]] = logits[2].max() + 1  # a tie: id 7 drafts
+    logits[5] = float("-inf")
+    assert fused_available(logits)
+    buckets = torch.arange(rows, device="cuda") % 4
+    ids, conf, packed = greedy_draft_fused(logits, pack=True, buckets=buckets)
+    assert torch.equal(packed, pack_drafts(ids, conf, buckets))
+    top, want_ids = logits.float().max(dim=-1)
+    want_conf = 1.0 / torch.exp(logits.float() - top.unsqueeze(-1)).sum(dim=-1)
+    want_conf[5] = 0.0
+    assert torch.equal(ids, want_ids) and int(ids[2]) == 7
+    torch.testing.assert_close(conf, want_conf, rtol=1e-5, atol=0)
+    assert float(conf[5]) == 0.0
+
+
 def test_a_row_its_grammar_masks_entirely_gets_confidence_zero():
     """Within a draft vocabulary a grammar may forbid every id (only later ids allowed): the
     row's draft is then rejected, never a NaN confidence in the ranking."""

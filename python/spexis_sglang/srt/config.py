@@ -57,6 +57,9 @@ ENV_PP_TRANSPORT = "SPEXIS_PP_TRANSPORT"
 #: "1": time each rank's decode forwards on the device (CUDA events) by batch rows, logged
 #: per rank every few seconds and under /server_info (stats.GpuForwardTimer)
 ENV_GPU_TIMERS = "SPEXIS_GPU_TIMERS"
+#: "0": stage 0 takes its drafts from the logits with PyTorch's ops instead of the fused
+#: Triton pass on a GPU (draft_triton; to time one against the other)
+ENV_DRAFT_FUSED = "SPEXIS_DRAFT_FUSED"
 
 # Set-up and the CPU environment:
 #: where the converted default model is cached (default: $XDG_CACHE_HOME/spexis, ~/.cache/spexis)

@@ -67,7 +67,13 @@ from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.runtime_context import get_exec
 from torch import nn
 
-from spexis_sglang.srt.config import ENV_DRAFT_HEAD, ENV_DRAFT_TRACE, env_value, get_config
+from spexis_sglang.srt.config import (
+    ENV_DRAFT_FUSED,
+    ENV_DRAFT_HEAD,
+    ENV_DRAFT_TRACE,
+    env_value,
+    get_config,
+)
 from spexis_sglang.srt.draft_artifact import (
     LAYER_PARAM_RE,
     DraftHeadError,
@@ -75,6 +81,7 @@ from spexis_sglang.srt.draft_artifact import (
     head_dims,
     resolve_draft_head,
 )
+from spexis_sglang.srt.draft_triton import fused_available, greedy_draft_fused
 from spexis_sglang.srt.protocol import (
     PLACEHOLDER_TOKEN,
     PROXY_DRAFT_CONF,
@@ -219,12 +226,27 @@ class SpexisDraftHead(nn.Module):
         return x, last
 
     def drafts(
-        self, x: torch.Tensor, lm_head_weight: torch.Tensor, draft_mask=None
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(draft_ids int64 [S], conf fp32 [S])`` from :meth:`forward`'s ``x``: the LM head
-        (a decode forward's grammar ``draft_mask`` applied first)."""
-        if self.tp_size > 1 and self.draft_vocab < self.vocab_size and draft_mask is None:
-            return self._shard_drafts(x, lm_head_weight)
+        self, x: torch.Tensor, lm_head_weight: torch.Tensor, draft_mask=None, buckets=None
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(draft_ids int64 [S], conf fp32 [S], packed)`` from :meth:`forward`'s ``x``: the
+        LM head (a decode forward's grammar ``draft_mask`` applied first), and the
+        :func:`pack_drafts` block stage 0 reads back (``buckets``: each row's length bucket),
+        on a GPU from one pass over the logits."""
+        if not self._sharded(draft_mask):
+            logits = self._draft_logits(x, lm_head_weight, draft_mask)
+            if _FUSED and fused_available(logits):
+                return greedy_draft_fused(logits, pack=True, buckets=buckets)
+            ids, conf = greedy_draft(logits)
+        else:
+            ids, conf = self._shard_drafts(x, lm_head_weight)
+        return ids, conf, pack_drafts(ids, conf, buckets)
+
+    def _sharded(self, draft_mask) -> bool:
+        """Each TP rank drafts among its shard of the draft vocabulary (``_shard_drafts``)."""
+        return self.tp_size > 1 and self.draft_vocab < self.vocab_size and draft_mask is None
+
+    def _draft_logits(self, x: torch.Tensor, lm_head_weight: torch.Tensor, draft_mask=None):
+        """The draft vocabulary's logits, the grammar's ``draft_mask`` applied."""
         vocab = self.vocab_size if self.tp_size > 1 else self.draft_vocab
         logits = self._logits(x, lm_head_weight[:vocab])
         if self.tp_size > 1:
@@ -233,7 +255,7 @@ class SpexisDraftHead(nn.Module):
         if draft_mask is not None:  # constrained decoding: draft what the grammar allows
             logits = logits.float()
             draft_mask.apply(logits)  # (the mask's first ``draft_vocab`` ids)
-        return greedy_draft(logits)
+        return logits
 
     def _logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fp32_lm_head:
@@ -258,6 +280,10 @@ class SpexisDraftHead(nn.Module):
         return combine_shard_drafts(parts.view(x.shape[0], self.tp_size, 3))
 
 
+#: the fused pass, unless ``SPEXIS_DRAFT_FUSED=0``
+_FUSED = env_value(ENV_DRAFT_FUSED) != "0"
+
+
 def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Draft id (int64) and its softmax probability (fp32) per row of ``logits``; a row a
     grammar masked entirely (possible only within ``--spexis-draft-vocab``) gets confidence 0
@@ -267,7 +293,11 @@ def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     are those of their fp32 copy, and the subtraction promotes to fp32 for the exponentials
     and their sum. No fp32 copy of the ``[rows, vocab]`` logits is made: at 64 rows of 128K
     ids that copy and a max over it were ~0.1 ms of stage 0's eager draft work on an H200.
-    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first."""
+    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first. On a GPU one
+    Triton pass reads the logits once instead (:mod:`~spexis_sglang.srt.draft_triton`: the
+    same ids, the confidence to its last bits)."""
+    if _FUSED and fused_available(logits):
+        return greedy_draft_fused(logits)
     if logits.dtype not in (torch.float16, torch.bfloat16):
         logits = logits.float()
     top, ids = logits.max(dim=-1)
@@ -461,13 +491,16 @@ class _SpexisDraftMixin:
         read, even when it is a graph replay. ``trace``: the forward's mode, request ids and
         positions, for ``SPEXIS_DRAFT_TRACE``."""
         x = tensors.pop(PROXY_DRAFT_HIDDEN)[:rows]
-        ids, conf = self.spexis_draft_head.drafts(x, self.model.embed_tokens.weight, draft_mask)
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
+        ids, conf, packed = self.spexis_draft_head.drafts(
+            x,
+            self.model.embed_tokens.weight,
+            draft_mask,
+            None if buckets is None else buckets[:rows],
+        )
         tensors[PROXY_DRAFT_IDS] = ids
         tensors[PROXY_DRAFT_CONF] = conf
-        tensors[PROXY_DRAFT_HOST] = pack_drafts(
-            ids, conf, None if buckets is None else buckets[:rows]
-        )
+        tensors[PROXY_DRAFT_HOST] = packed
         if self._spexis_trace_path and trace is not None:
             self._spexis_trace(*trace, ids, conf)
 
