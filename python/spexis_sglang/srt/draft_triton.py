@@ -52,8 +52,11 @@ def row_splits(rows: int, vocab: int) -> Tuple[int, int]:
 
 
 if triton is not None:
+    # Sizes are not specialized on (Triton would compile a variant per value class of each:
+    # equal to 1, a multiple of 16, other), so a server compiles each kernel once per logits
+    # dtype, at its first drafts, and never while it serves.
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["row_stride", "vocab", "span", "splits"])
     def _part_kernel(
         logits_ptr,
         best_ptr,
@@ -95,7 +98,7 @@ if triton is not None:
         tl.store(id_ptr + at, best_id)
         tl.store(sum_ptr + at, total)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def _combine_kernel(
         best_ptr,
         id_ptr,
@@ -147,7 +150,8 @@ def greedy_draft_fused(
     rows, vocab = logits.shape
     device = logits.device
     splits, span = row_splits(rows, vocab)
-    parts = torch.empty((2, rows * splits), dtype=torch.float32, device=device)
+    # the sums' row starts 16-byte aligned like the maxima's (Triton specializes on alignment)
+    parts = torch.empty((2, -(-rows * splits // 4) * 4), dtype=torch.float32, device=device)
     part_ids = torch.empty(rows * splits, dtype=torch.int32, device=device)
     block = min(BLOCK, triton.next_power_of_2(vocab))
     _part_kernel[(rows, splits)](
@@ -174,7 +178,7 @@ def greedy_draft_fused(
         packed,
         buckets.contiguous() if has_buckets else ids,
         splits,
-        SPLITS_P2=triton.next_power_of_2(splits),
+        SPLITS_P2=triton.next_power_of_2(MAX_SPLITS),
         PACK=pack,
         HAS_BUCKETS=has_buckets,
     )
