@@ -1,5 +1,5 @@
 """Stage 0's draft from the logits on a GPU: the fused Triton pass (``srt/draft_triton.py``)
-against PyTorch's ops (``greedy_draft`` with ``SPEXIS_DRAFT_FUSED=0``, then ``pack_drafts``),
+against PyTorch's ops (``greedy_draft``, then ``pack_drafts``: what ``SPEXIS_DRAFT_FUSED=0`` runs),
 checked and timed.
 
 For each vocabulary, dtype and row count: random logits with planted ties (two equal maxima,
@@ -20,7 +20,6 @@ import sys
 
 import torch
 
-os.environ.setdefault("SPEXIS_DRAFT_FUSED", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from spexis_sglang.srt import draft_model  # noqa: E402
@@ -30,16 +29,8 @@ from spexis_sglang.srt.protocol import pack_drafts  # noqa: E402
 
 def torch_packed(logits, buckets):
     """PyTorch's ops: the drafts and the block stage 0 reads back."""
-    ids, conf = torch_draft(logits)
+    ids, conf = draft_model.greedy_draft(logits)
     return ids, conf, pack_drafts(ids, conf, buckets)
-
-
-def torch_draft(logits):
-    fused, draft_model._FUSED = draft_model._FUSED, False
-    try:
-        return draft_model.greedy_draft(logits)
-    finally:
-        draft_model._FUSED = fused
 
 
 def logits_for(rows: int, vocab: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -279,6 +279,43 @@ def test_fused_pass_splits_few_rows_and_covers_every_logit_once(rows, vocab):
         assert rows * splits >= min(dt.TARGET_PROGRAMS, rows * dt.MAX_SPLITS) / 2
 
 
+def _bare_head(vocab: int) -> "dm.SpexisDraftHead":
+    """A draft head with only what ``drafts`` reads (one TP rank, the whole vocabulary)."""
+    head = dm.SpexisDraftHead.__new__(dm.SpexisDraftHead)
+    torch.nn.Module.__init__(head)
+    head.tp_size, head.tp_rank, head.fp32_lm_head = 1, 0, False
+    head.vocab_size = head.draft_vocab = vocab
+    return head
+
+
+def test_a_failing_fused_pass_falls_back_to_torch_s_ops_and_says_so(monkeypatch, caplog):
+    """Where Triton cannot compile or launch the fused pass on a GPU, the drafts come from
+    PyTorch's ops (the same ids, confidences and packed block) and the server keeps drafting
+    that way without trying the pass again."""
+    calls = []
+
+    def broken(logits, pack=False, buckets=None):
+        calls.append(logits.shape)
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(dm, "greedy_draft_fused", broken)
+    monkeypatch.setattr(dm, "fused_available", lambda logits: True)
+    monkeypatch.setattr(dm, "_FUSED", True)
+    gen = torch.Generator().manual_seed(2)
+    x, weight = torch.randn(4, 8, generator=gen), torch.randn(50, 8, generator=gen)
+    buckets = torch.tensor([0, 1, 2, 3])
+    head = _bare_head(50)
+    with caplog.at_level("WARNING"):
+        ids, conf, packed = head.drafts(x, weight, None, buckets)
+        again = head.drafts(x, weight, None, buckets)
+    assert len(calls) == 1 and dm._FUSED is False
+    assert "fused draft pass failed" in caplog.text and "RuntimeError" in caplog.text
+    want_ids, want_conf = dm.greedy_draft(x @ weight.T)
+    assert torch.equal(ids, want_ids) and torch.equal(conf, want_conf)
+    assert torch.equal(packed, dm.pack_drafts(want_ids, want_conf, buckets))
+    assert all(torch.equal(a, b) for a, b in zip(again, (ids, conf, packed)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused pass needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("vocab", [100, 5000, 128256])

@@ -235,7 +235,9 @@ class SpexisDraftHead(nn.Module):
         if not self._sharded(draft_mask):
             logits = self._draft_logits(x, lm_head_weight, draft_mask)
             if _FUSED and fused_available(logits):
-                return greedy_draft_fused(logits, pack=True, buckets=buckets)
+                fused = _fused_or_none(logits, buckets)
+                if fused is not None:
+                    return fused
             ids, conf = greedy_draft(logits)
         else:
             ids, conf = self._shard_drafts(x, lm_head_weight)
@@ -280,8 +282,26 @@ class SpexisDraftHead(nn.Module):
         return combine_shard_drafts(parts.view(x.shape[0], self.tp_size, 3))
 
 
-#: the fused pass, unless ``SPEXIS_DRAFT_FUSED=0``
+#: the fused pass, unless ``SPEXIS_DRAFT_FUSED=0`` (or it failed: ``_fused_or_none``)
 _FUSED = env_value(ENV_DRAFT_FUSED) != "0"
+
+
+def _fused_or_none(logits: torch.Tensor, buckets: Optional[torch.Tensor]):
+    """The fused pass's drafts and packed block, or None where Triton could not compile or
+    launch it on this GPU: the server then drafts with PyTorch's ops from here on (said once
+    in the log) instead of failing its requests."""
+    global _FUSED
+    try:
+        return greedy_draft_fused(logits, pack=True, buckets=buckets)
+    except Exception as e:  # a compiler or driver error, not a wrong result
+        _FUSED = False
+        logger.warning(
+            "Spexis: the fused draft pass failed on this GPU (%s: %s); drafting with "
+            "PyTorch's ops instead",
+            type(e).__name__,
+            e,
+        )
+        return None
 
 
 def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -293,11 +313,9 @@ def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     are those of their fp32 copy, and the subtraction promotes to fp32 for the exponentials
     and their sum. No fp32 copy of the ``[rows, vocab]`` logits is made: at 64 rows of 128K
     ids that copy and a max over it were ~0.1 ms of stage 0's eager draft work on an H200.
-    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first. On a GPU one
-    Triton pass reads the logits once instead (:mod:`~spexis_sglang.srt.draft_triton`: the
-    same ids, the confidence to its last bits)."""
-    if _FUSED and fused_available(logits):
-        return greedy_draft_fused(logits)
+    Wider logits (float64: the CPU's exact mode) are rounded to fp32 first. On a GPU the
+    draft head reads the logits in one Triton pass instead (:meth:`SpexisDraftHead.drafts`,
+    :mod:`~spexis_sglang.srt.draft_triton`: the same ids, the confidence to its last bits)."""
     if logits.dtype not in (torch.float16, torch.bfloat16):
         logits = logits.float()
     top, ids = logits.max(dim=-1)
