@@ -54,7 +54,8 @@ def row_splits(rows: int, vocab: int) -> Tuple[int, int]:
 if triton is not None:
     # Sizes are not specialized on (Triton would compile a variant per value class of each:
     # equal to 1, a multiple of 16, other), so a server compiles each kernel once per logits
-    # dtype, at its first drafts, and never while it serves.
+    # dtype, at its first drafts (SGLang's warm-up request unless skipped), not again for
+    # another batch size while it serves.
 
     @triton.jit(do_not_specialize=["row_stride", "vocab", "span", "splits"])
     def _part_kernel(
