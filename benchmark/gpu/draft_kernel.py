@@ -83,7 +83,7 @@ def main() -> int:
                 x = logits_for(rows, vocab, dtype, seed=rows + vocab)
                 buckets = torch.arange(rows, device="cuda", dtype=torch.int64) % 5
                 ids_t, conf_t, packed_t = torch_packed(x, buckets)
-                ids_f, conf_f, packed_f = greedy_draft_fused(x, pack=True, buckets=buckets)
+                ids_f, conf_f, packed_f = greedy_draft_fused(x, buckets)
                 ids_equal = bool(torch.equal(ids_t, ids_f))
                 ids_equal &= bool(torch.equal(packed_t[:, [0, 2]], packed_f[:, [0, 2]]))
                 conf_ok = bool(torch.allclose(conf_f, conf_t, rtol=args.rtol, atol=0.0))
@@ -99,9 +99,7 @@ def main() -> int:
                         ((conf_f - conf_t).abs() / conf_t.abs().clamp_min(1e-30)).max()
                     ),
                     "torch_ms": graph_ms(lambda: torch_packed(x, buckets), args.reps),
-                    "fused_ms": graph_ms(
-                        lambda: greedy_draft_fused(x, pack=True, buckets=buckets), args.reps
-                    ),
+                    "fused_ms": graph_ms(lambda: greedy_draft_fused(x, buckets), args.reps),
                 }
                 rec["speedup"] = rec["torch_ms"] / rec["fused_ms"]
                 records.append(rec)

@@ -294,7 +294,7 @@ def test_a_failing_fused_pass_falls_back_to_torch_s_ops_and_says_so(monkeypatch,
     that way without trying the pass again."""
     calls = []
 
-    def broken(logits, pack=False, buckets=None):
+    def broken(logits, buckets=None):
         calls.append(logits.shape)
         raise RuntimeError("no kernel image is available for execution on the device")
 
@@ -334,7 +334,7 @@ def test_fused_pass_drafts_what_torch_s_ops_draft(dtype, vocab, rows):
     logits[5] = float("-inf")
     assert fused_available(logits)
     buckets = torch.arange(rows, device="cuda") % 4
-    ids, conf, packed = greedy_draft_fused(logits, pack=True, buckets=buckets)
+    ids, conf, packed = greedy_draft_fused(logits, buckets)
     assert torch.equal(packed, pack_drafts(ids, conf, buckets))
     top, want_ids = logits.float().max(dim=-1)
     want_conf = 1.0 / torch.exp(logits.float() - top.unsqueeze(-1)).sum(dim=-1)

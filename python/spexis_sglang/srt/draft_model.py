@@ -292,7 +292,7 @@ def _fused_or_none(logits: torch.Tensor, buckets: Optional[torch.Tensor]):
     in the log) instead of failing its requests."""
     global _FUSED
     try:
-        return greedy_draft_fused(logits, pack=True, buckets=buckets)
+        return greedy_draft_fused(logits, buckets)
     except Exception as e:  # a compiler or driver error, not a wrong result
         _FUSED = False
         logger.warning(

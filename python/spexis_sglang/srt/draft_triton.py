@@ -110,7 +110,6 @@ if triton is not None:
         buckets_ptr,
         splits,
         SPLITS_P2: tl.constexpr,
-        PACK: tl.constexpr,
         HAS_BUCKETS: tl.constexpr,
     ):
         """Program row: its parts combined (the first part holding the maximum gives the id),
@@ -130,24 +129,24 @@ if triton is not None:
         conf = tl.where(best > -float("inf"), 1.0 / total, 0.0)
         tl.store(ids_ptr + row, best_id.to(tl.int64))
         tl.store(conf_ptr + row, conf)
-        if PACK:  # protocol.pack_drafts' row: id, confidence, length bucket (-1: none)
-            bucket = tl.full((), -1.0, tl.float64)
-            if HAS_BUCKETS:
-                bucket = tl.load(buckets_ptr + row).to(tl.float64)
-            tl.store(packed_ptr + 3 * row, best_id.to(tl.float64))
-            tl.store(packed_ptr + 3 * row + 1, conf.to(tl.float64))
-            tl.store(packed_ptr + 3 * row + 2, bucket)
+        # protocol.pack_drafts' row: id, confidence, length bucket (-1: none)
+        bucket = tl.full((), -1.0, tl.float64)
+        if HAS_BUCKETS:
+            bucket = tl.load(buckets_ptr + row).to(tl.float64)
+        tl.store(packed_ptr + 3 * row, best_id.to(tl.float64))
+        tl.store(packed_ptr + 3 * row + 1, conf.to(tl.float64))
+        tl.store(packed_ptr + 3 * row + 2, bucket)
 
 
 def greedy_draft_fused(
-    logits: torch.Tensor, pack: bool = False, buckets: Optional[torch.Tensor] = None
-) -> Tuple[torch.Tensor, ...]:
-    """``(ids int64 [rows], conf fp32 [rows])``: each row's first maximal id and
+    logits: torch.Tensor, buckets: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids int64 [rows], conf fp32 [rows], packed)``: each row's first maximal id and
     ``1 / sum(exp(logits - max))`` (0 for a row of ``-inf`` only), as
-    :func:`~spexis_sglang.srt.draft_model.greedy_draft` computes them. The ids are the same;
-    the confidence can differ in its last bits (another order of summation). ``pack``: with
-    :func:`~spexis_sglang.srt.protocol.pack_drafts`' ``[rows, 3]`` block third (``buckets``:
-    each row's length bucket), written by the same pass."""
+    :func:`~spexis_sglang.srt.draft_model.greedy_draft` computes them, and
+    :func:`~spexis_sglang.srt.protocol.pack_drafts`' ``[rows, 3]`` block of them (``buckets``:
+    each row's length bucket). The ids are the same; the confidence can differ in its last
+    bits (another order of summation)."""
     rows, vocab = logits.shape
     device = logits.device
     splits, span = row_splits(rows, vocab)
@@ -168,8 +167,8 @@ def greedy_draft_fused(
     )
     ids = torch.empty(rows, dtype=torch.int64, device=device)
     conf = torch.empty(rows, dtype=torch.float32, device=device)
-    packed = torch.empty((rows, 3), dtype=torch.float64, device=device) if pack else ids
-    has_buckets = pack and buckets is not None
+    packed = torch.empty((rows, 3), dtype=torch.float64, device=device)
+    has_buckets = buckets is not None
     _combine_kernel[(rows,)](
         parts[0],
         part_ids,
@@ -180,7 +179,6 @@ def greedy_draft_fused(
         buckets.contiguous() if has_buckets else ids,
         splits,
         SPLITS_P2=triton.next_power_of_2(MAX_SPLITS),
-        PACK=pack,
         HAS_BUCKETS=has_buckets,
     )
-    return (ids, conf, packed) if pack else (ids, conf)
+    return ids, conf, packed
