@@ -60,6 +60,9 @@ ENV_GPU_TIMERS = "SPEXIS_GPU_TIMERS"
 #: "0": stage 0 takes its drafts from the logits with PyTorch's ops instead of the fused
 #: Triton pass on a GPU (draft_triton; to time one against the other)
 ENV_DRAFT_FUSED = "SPEXIS_DRAFT_FUSED"
+#: "0": a decode batch's rows are completed at launch with PyTorch's ops instead of the one
+#: Triton kernel on a GPU (rows_triton; to time one against the other)
+ENV_ROWS_FUSED = "SPEXIS_ROWS_FUSED"
 
 # Set-up and the CPU environment:
 #: where the converted default model is cached (default: $XDG_CACHE_HOME/spexis, ~/.cache/spexis)

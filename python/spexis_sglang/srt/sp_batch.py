@@ -212,7 +212,8 @@ class SPBatchMixin:
         batch.seq_lens = lens
         batch.orig_seq_lens = lens32.view(torch.int32)[:n]
         batch.seq_lens_sum = int(rows.position.sum()) + n
-        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
+        if not has_alternatives:  # (else the launch sets it where each row runs)
+            batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
         if self.sp.sampling is not None:
             batch.sampling_info = self.sp.sampling.build(batch, rows.slot)
         record = self.sp.add(batch, SPBatch("decode", rows, plain))

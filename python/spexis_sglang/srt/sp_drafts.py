@@ -10,10 +10,10 @@ import logging
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 from spexis_sglang.core.slot_state import Rows
+from spexis_sglang.srt import rows_triton
 from spexis_sglang.srt.protocol import (
     PROXY_DRAFT_CONF,
     PROXY_DRAFT_HIDDEN,
@@ -23,7 +23,6 @@ from spexis_sglang.srt.protocol import (
     PROXY_POSITIONS,
     pack_drafts,
 )
-from spexis_sglang.srt.sp_forced import rejected_token
 from spexis_sglang.srt.sp_grammar import draft_mask_of
 from spexis_sglang.srt.sp_records import LaunchPlan, PendingDrafts, SPBatch
 
@@ -41,35 +40,41 @@ class SPDraftsMixin:
         """Complete a decode batch on the device, in stream order before its forward: stage
         0's speculative rows take their request's latest draft, and rows with an alternative
         run there where the transit batch rejected their chain (stage 0 decides from the true
-        tokens that just arrived, the later stages take the positions stage 0 sent)."""
-        record = self.sp.record(batch)
-        plan: LaunchPlan = record.launch
+        tokens that just arrived, the later stages take the positions stage 0 sent); one
+        kernel on a GPU (``rows_triton``)."""
         sp = self.sp
-        slots = batch.req_pool_indices
-        if plan.has_spec:
-            batch.input_ids = torch.where(
-                batch.input_ids < 0, sp.draft_by_slot[slots], batch.input_ids
-            )
+        record = sp.record(batch)
+        plan: LaunchPlan = record.launch
+        if plan.alternatives is None and not plan.has_spec:
+            return
+        alternatives = transit = transit_rows = given = forced_vocab = None
+        if plan.alternatives is not None:
+            if sp.rank0:
+                alternatives, transit_rows = plan.alternatives, plan.transit_rows
+                transit = plan.transit.device
+                if sp.forced is not None:  # benchmark only: the host chose the rows
+                    forced_vocab = self.model_config.vocab_size
+            else:
+                given = record.extras[PROXY_POSITIONS]
+        ids, positions, out_cache_loc = rows_triton.resolve_rows(
+            batch.input_ids,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.orig_seq_lens,
+            self.req_to_token_pool.req_to_token,
+            draft_by_slot=sp.draft_by_slot if plan.has_spec else None,
+            alternatives=alternatives,
+            transit_rows=transit_rows,
+            transit=transit,
+            given_positions=given,
+            forced_vocab=forced_vocab,
+        )
+        batch.input_ids = ids
         if plan.alternatives is None:
             return
-        alt = plan.alternatives
+        batch.out_cache_loc = out_cache_loc
         if sp.rank0:
-            true_ids, drafts = plan.transit.device[plan.transit_rows].unbind(1)
-            rejected = alt >= 0
-            if sp.forced is None:
-                rejected &= true_ids != drafts
-                token = true_ids
-            else:  # benchmark only: the host chose the rows (sp_build_decode_batch)
-                token = rejected_token(true_ids, drafts, self.model_config.vocab_size)
-            batch.input_ids = torch.where(rejected, token, batch.input_ids)
-            positions = torch.where(rejected, alt, batch.seq_lens - 1)
             record.positions = positions
-        else:
-            positions = record.extras[PROXY_POSITIONS]
-        batch.seq_lens.copy_(positions + 1)
-        batch.orig_seq_lens.copy_(batch.seq_lens)
-        req_to_token = self.req_to_token_pool.req_to_token
-        batch.out_cache_loc = req_to_token[slots, positions].to(torch.int64)
         if batch.seq_lens.device.type == "cpu":  # exact host lengths (the GPU's are bounds)
             batch.seq_lens_sum = int(batch.seq_lens.sum())
 
