@@ -13,7 +13,8 @@ What it fits, and on what (every entry of the output names its source):
   Without: one factor, fit on stock PP=1 at B=64 on one H200 (graphs on); B=16 and 256 stay
   for validation.
 * Host time per loop phase with CUDA graphs (``graphs_serial``): SP from stage 0's phase
-  timers on the emulated box (8B model); stock PP (and PP=1) from the tiny-model loop runs.
+  timers on the emulated box (8B model); stock PP (and PP=1) from the tiny-model loop runs
+  (stock PP2's over the same-GPU IPC link, where no phase waits for the device).
   ``graphs_overlap``: the overlapped SP loop, from its stage-0 phase timers on the box
   (``OVERLAP_FIT_FILE``, 2026-12-03; the later box runs with that loop stay out of the fit).
 * The box: MPS slowdowns from the MPS probe; the loopback link's bandwidth from the
@@ -58,32 +59,17 @@ def _rel(p: Path) -> str:
     return str(Path(p).resolve().relative_to(ROOT))
 
 
-def stock_host_points() -> dict:
-    """Stage 0's stock-PP phases (thread CPU ms) by micro-batch rows, mean of the runs."""
+def stock_host_points(files=None) -> dict:
+    """Stage 0's stock-PP phases (thread CPU ms) by micro-batch rows, mean of the runs of
+    ``files`` (default: the tiny model's loop runs over NCCL, ``loop_overhead``)."""
     acc: dict = {}
-    for f in M.COMMITTED["loop_overhead"]:
+    for f in files if files is not None else M.COMMITTED["loop_overhead"]:
         d = json.loads((ROOT / f).read_text())
         for rec in d["records"]:
             if rec["loop"] != "stock":
                 continue
             rows = rec["rows_per_iteration"]
             for ph, v in rec["cpu_ms_per_iteration"].items():
-                acc.setdefault(ph, {}).setdefault(rows, []).append(v)
-    return {ph: sorted((r, statistics.mean(v)) for r, v in by.items()) for ph, by in acc.items()}
-
-
-def box_stock_host_points(path: str = M.COMMITTED["box_stock_phases"]) -> dict:
-    """Stage 0's stock-PP phases on the box (ms per loop iteration, i.e. per micro-batch) by
-    micro-batch rows: SGLang's cap puts a batch of B <= 128 in one micro-batch, balanced
-    micro-batches are B / 2 (``pp_max_micro_batch_size``); mean where runs share a size."""
-    d = json.loads((ROOT / path).read_text())
-    acc: dict = {}
-    for r in d["models"]["llama-3.1-8b"]["results"]:
-        if r["kind"] != "pp":
-            continue
-        for bt in r["batches"]:
-            rows = min(bt["batch"], int(bt["pp_max_micro_batch_size"]))
-            for ph, v in bt["stock_phase_ms_per_iteration"].items():
                 acc.setdefault(ph, {}).setdefault(rows, []).append(v)
     return {ph: sorted((r, statistics.mean(v)) for r, v in by.items()) for ph, by in acc.items()}
 
@@ -96,10 +82,13 @@ def host_graphs_serial() -> dict:
         sp[ph] = HostPhase.table(pts)
     sp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
     tiny = stock_host_points()
-    on_box = box_stock_host_points()
-    # stock PP: its own loop's phases on the box, per micro-batch (a table by rows)
+    ipc = stock_host_points([M.COMMITTED["loop_overhead_ipc"]])
+    # stock PP: its loop's host work per micro-batch, measured where the GPU's time is
+    # negligible (a tiny model), so no phase holds a wait for the device (its phase timers on
+    # the box hold such waits and made it up to 20 % slow over the IPC link); a line by rows
+    # through the two micro-batch sizes measured, so a larger one costs more
     pp = {
-        ph: HostPhase.table([(r, v * MS) for r, v in on_box[ph]])
+        ph: HostPhase.fit([(r, v * MS) for r, v in ipc[ph]])
         for ph in ("schedule", "launch", "process", "send")
     }
     pp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
@@ -109,9 +98,10 @@ def host_graphs_serial() -> dict:
     tp["process"] = HostPhase.fit([(r, v * MS) for r, v in tiny["process"]])
     src = (
         "SP: stage 0's phase timers on the emulated two-GPU box (2026-12-02, 8B-shaped, "
-        "graphs on); stock PP: stage 0's phase timers of stock PP2 on the box built on an H100 "
-        f"({M.COMMITTED['box_stock_phases']}, 2026-12-05, 8B-shaped, graphs on; per micro-batch "
-        "by its rows); PP=1: stage 0's thread CPU per phase, tiny model, graphs on, "
+        "graphs on); stock PP: stage 0's thread CPU per phase of stock PP2, tiny model, graphs "
+        f"on, same-GPU CUDA IPC link, an H100 machine's host ({M.COMMITTED['loop_overhead_ipc']}; "
+        "per micro-batch by its rows, 32 and 128); PP=1: stage 0's thread CPU per phase, tiny "
+        "model, graphs on, "
         f"{', '.join(M.COMMITTED['loop_overhead'])}; receiving an output message "
         f"{RECV_OUTPUT_S / MS} ms (assumed)"
     )

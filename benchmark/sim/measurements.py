@@ -96,6 +96,9 @@ COMMITTED = {
     "loop_overhead": [
         "benchmark/results/gpu/sp_loop_overhead_one_gpu.json",
     ],
+    # the same loops' host phases over the same-GPU CUDA IPC link (tiny model, graphs on, an
+    # H100 machine's host CPU): stock PP per micro-batch at 32 and 128 rows, SP per iteration
+    "loop_overhead_ipc": "benchmark/results/gpu/sp_loop_overhead_one_gpu_ipc.json",
     # real 2 x H200, CUDA graphs OFF, custom all-reduce off (the flags of that time)
     "run4_llama": [
         "benchmark/results/gpu/decode_llama-3.1-8b_no_graphs_pp_sp.json",
@@ -123,9 +126,6 @@ COMMITTED = {
         "benchmark/results/gpu/box_decode_llama-3.1-8b.json",  # 2026-12-03, inputs 128, 2048
         "benchmark/results/gpu/box_decode_llama-3.1-8b_alphaauto.json",  # 2026-12-04
     ],
-    # stock PP2's loop by phase on the box (SPEXIS_PHASE_TIMERS=1, both stages), built on an
-    # H100 (2026-12-05; stock only): stock PP's host cost per phase by micro-batch rows
-    "box_stock_phases": "benchmark/results/gpu/box_stock_pp2_phases_llama-3.1-8b_h100.json",
     # one message between the box's two ranks by size, NCCL over loopback sockets (H200 box,
     # 2026-12-03): the loopback link's latency and bandwidth
     "box_transport_probe": "benchmark/results/gpu/box_transport_probe.json",
