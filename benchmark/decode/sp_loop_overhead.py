@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from spexis_sglang.cpu_support import activate
 
@@ -219,20 +219,53 @@ def drain(server: ServerProcess, kind: str, timeout: float = 300.0) -> None:
 
 
 def run_server(
-    kind: str, server_args: List[str], batches: List[int], pp: int, args: argparse.Namespace
+    kind: str,
+    server_args: List[str],
+    batches: List[int],
+    pp: int,
+    args: argparse.Namespace,
+    variant: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, object]]:
-    print(f"{kind}: starting {' '.join(server_args)}", flush=True)
-    server = ServerProcess(server_args, env={ENV_PHASE_TIMERS: "1"})
+    """One server's records per batch; ``variant`` names an SP server started with ``env``
+    added to its environment (``--sp-variant``)."""
+    label = kind if variant is None else f"{kind} ({variant})"
+    print(f"{label}: starting {' '.join(server_args)} {env or ''}", flush=True)
+    server = ServerProcess(server_args, env={ENV_PHASE_TIMERS: "1", **(env or {})})
     try:
         server.wait_ready(timeout=args.server_timeout)
-        return [measure(server, kind, b, pp, args) for b in batches]
+        records = [measure(server, kind, b, pp, args) for b in batches]
     finally:
         server.stop()
+    if variant is not None:
+        for r in records:
+            r["variant"], r["variant_env"] = variant, dict(env or {})
+    return records
+
+
+def parse_variant(text: str) -> Tuple[str, Dict[str, str]]:
+    """``NAME:VAR=VALUE,VAR=VALUE`` -> (name, environment)."""
+    name, sep, assignments = text.partition(":")
+    if not name or not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME:VAR=VALUE[,VAR=VALUE...], got {text!r}")
+    env = {}
+    for item in filter(None, assignments.split(",")):
+        var, eq, value = item.partition("=")
+        if not var or not eq:
+            raise argparse.ArgumentTypeError(f"expected VAR=VALUE in {text!r}, got {item!r}")
+        env[var] = value
+    return name, env
+
+
+def record_key(r: Dict[str, object]) -> Tuple[str, str, int]:
+    return str(r["loop"]), str(r.get("variant") or ""), int(r["B"])
 
 
 def table(records: List[Dict[str, object]]) -> str:
     """Markdown: per B, SP per iteration and stock per micro-batch step, ms and µs/row."""
-    by = {(r["loop"], r["B"]): r for r in records}
+    by: Dict[Tuple[str, int], List[Dict[str, object]]] = {}
+    for r in records:
+        by.setdefault((str(r["loop"]), int(r["B"])), []).append(r)
     head = (
         "| B | loop | rows/iter | " + " | ".join(SP_PHASES) + " | sched+proc ms | busy ms "
         "| sched+proc µs/row | busy µs/row |\n"
@@ -241,28 +274,29 @@ def table(records: List[Dict[str, object]]) -> str:
     lines = []
     for b in sorted({r["B"] for r in records}):
         for kind in ("sp", "stock"):
-            r = by.get((kind, b))
-            if r is None:
-                continue
-            ms = r["cpu_ms_per_iteration"]
-            cells = [f"{ms[p]:.3f}" if p in ms else "-" for p in SP_PHASES]
-            lines.append(
-                f"| {b} | {'SP iteration' if kind == 'sp' else 'stock PP step'} "
-                f"| {r['rows_per_iteration']} | "
-                + " | ".join(cells)
-                + f" | {r['cpu_sched_proc_ms_per_iteration']:.3f} "
-                f"| {r['cpu_busy_ms_per_iteration']:.3f} "
-                f"| {r['cpu_sched_proc_us_per_row']:.2f} | {r['cpu_busy_us_per_row']:.2f} |"
-            )
+            for r in by.get((kind, b), []):
+                ms = r["cpu_ms_per_iteration"]
+                cells = [f"{ms[p]:.3f}" if p in ms else "-" for p in SP_PHASES]
+                label = "SP iteration" if kind == "sp" else "stock PP step"
+                if r.get("variant"):
+                    label += f" ({r['variant']})"
+                lines.append(
+                    f"| {b} | {label} | {r['rows_per_iteration']} | "
+                    + " | ".join(cells)
+                    + f" | {r['cpu_sched_proc_ms_per_iteration']:.3f} "
+                    f"| {r['cpu_busy_ms_per_iteration']:.3f} "
+                    f"| {r['cpu_sched_proc_us_per_row']:.2f} | {r['cpu_busy_us_per_row']:.2f} |"
+                )
     later = [r for r in records if r.get("later_ranks")]
     if not later:
         return head + "\n".join(lines)
     lines.append("\nlater ranks, CPU ms per decode iteration by phase (busy: the whole loop):\n")
-    for r in sorted(later, key=lambda r: (r["B"], r["loop"])):
+    for r in sorted(later, key=lambda r: (r["B"], r["loop"], r.get("variant") or "")):
+        loop = r["loop"] if not r.get("variant") else f"{r['loop']} ({r['variant']})"
         for label, st in r["later_ranks"].items():
             ms = st["cpu_ms_per_iteration"]
             lines.append(
-                f"- B = {r['B']}, {r['loop']}, {label}: "
+                f"- B = {r['B']}, {loop}, {label}: "
                 + ", ".join(f"{p} {v:.3f}" for p, v in ms.items())
                 + f"; busy {st['cpu_busy_ms_per_iteration']:.3f}"
             )
@@ -291,6 +325,16 @@ def main() -> int:
     )
     ap.add_argument("--server-args", default="", help="more flags for both servers (GPU flags)")
     ap.add_argument("--only", choices=("sp", "stock"), default=None)
+    ap.add_argument(
+        "--sp-variant",
+        type=parse_variant,
+        action="append",
+        default=None,
+        metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
+        help="an SP server with these environment variables, one per variant, side by side in "
+        "one run (e.g. torch-ops:SPEXIS_DRAFT_FUSED=0,SPEXIS_ROWS_FUSED=0); default: one SP "
+        "server as the environment has it",
+    )
     ap.add_argument("--out", default=None, help=f"JSON result (e.g. {RESULT})")
     ap.add_argument(
         "--merge",
@@ -331,14 +375,15 @@ def main() -> int:
     if args.only != "sp":
         records += run_server("stock", common, args.batches, args.pp_size, args)
     if args.only != "stock":
-        records += run_server("sp", sp, args.batches, args.pp_size, args)
+        for variant, env in args.sp_variant or [(None, None)]:
+            records += run_server("sp", sp, args.batches, args.pp_size, args, variant, env)
     argv = recorded_args(sys.argv[1:])
     commands = ["python benchmark/decode/sp_loop_overhead.py " + shlex.join(argv)]
     if args.merge and args.out and os.path.isfile(args.out):
         with open(args.out) as f:
             old = json.load(f)
-        done = {(r["loop"], r["B"]) for r in records}
-        records = [r for r in old["records"] if (r["loop"], r["B"]) not in done] + records
+        done = {record_key(r) for r in records}
+        records = [r for r in old["records"] if record_key(r) not in done] + records
         commands = old.get("commands", [old.get("command")]) + commands
     md = table(records)
     print(md)
