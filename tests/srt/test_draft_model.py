@@ -390,13 +390,18 @@ DRAFT_VOCAB = 30000
 def tiny_model_dir(tmp_path_factory) -> str:
     from transformers import LlamaForCausalLM
 
-    from spexis_sglang.default_model import ensure_default_model
+    from spexis_sglang.default_model import DefaultModelUnavailable, ensure_default_model
 
+    try:
+        src = ensure_default_model()  # its tokenizer
+    except DefaultModelUnavailable as e:
+        if os.environ.get("CI"):  # CI sets the default model up: its absence is a failure
+            raise
+        pytest.skip(f"the default model is not installed here (a GPU machine): {e}")
     path = str(tmp_path_factory.mktemp("tiny-llama"))
     torch.manual_seed(0)
     # A wide init gives clear logit margins, so greedy comparisons are not decided by ties.
     LlamaForCausalLM(tiny_config(initializer_range=0.2)).save_pretrained(path)
-    src = ensure_default_model()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(os.path.join(src, name), path)
     return path
