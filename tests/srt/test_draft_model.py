@@ -300,7 +300,7 @@ def test_a_failing_fused_pass_falls_back_to_torch_s_ops_and_says_so(monkeypatch,
 
     monkeypatch.setattr(dm, "greedy_draft_fused", broken)
     monkeypatch.setattr(dm, "fused_available", lambda logits: True)
-    monkeypatch.setattr(dm, "_FUSED", True)
+    monkeypatch.setattr(dm.FUSED_DRAFTS, "on", True)
     gen = torch.Generator().manual_seed(2)
     x, weight = torch.randn(4, 8, generator=gen), torch.randn(50, 8, generator=gen)
     buckets = torch.tensor([0, 1, 2, 3])
@@ -308,7 +308,7 @@ def test_a_failing_fused_pass_falls_back_to_torch_s_ops_and_says_so(monkeypatch,
     with caplog.at_level("WARNING"):
         ids, conf, packed = head.drafts(x, weight, None, buckets)
         again = head.drafts(x, weight, None, buckets)
-    assert len(calls) == 1 and dm._FUSED is False
+    assert len(calls) == 1 and dm.FUSED_DRAFTS.on is False
     assert "fused draft pass failed" in caplog.text and "RuntimeError" in caplog.text
     want_ids, want_conf = dm.greedy_draft(x @ weight.T)
     assert torch.equal(ids, want_ids) and torch.equal(conf, want_conf)

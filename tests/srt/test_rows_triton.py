@@ -142,12 +142,12 @@ def test_a_kernel_that_cannot_run_falls_back_to_torch_ops(monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel image for this device")
 
-    monkeypatch.setattr(rows_triton, "_ENABLED", True)
-    # as on a GPU with Triton: the kernel applies while it is enabled
-    monkeypatch.setattr(rows_triton, "fused_available", lambda ids: rows_triton._ENABLED)
+    monkeypatch.setattr(rows_triton.FUSED_ROWS, "on", True)
+    # as on a GPU with Triton
+    monkeypatch.setattr(rows_triton, "fused_available", lambda ids: True)
     monkeypatch.setattr(rows_triton, "resolve_rows_fused", broken)
     with caplog.at_level("WARNING"):
         got = _run(rows_triton.resolve_rows, case, "cpu")
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     assert "fused row kernel failed" in caplog.text
-    assert not rows_triton._ENABLED  # said once: PyTorch's ops from here on
+    assert not rows_triton.FUSED_ROWS.on  # said once: PyTorch's ops from here on

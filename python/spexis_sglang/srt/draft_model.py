@@ -82,6 +82,7 @@ from spexis_sglang.srt.draft_artifact import (
     resolve_draft_head,
 )
 from spexis_sglang.srt.draft_triton import fused_available, greedy_draft_fused
+from spexis_sglang.srt.fused_switch import FusedSwitch
 from spexis_sglang.srt.protocol import (
     PLACEHOLDER_TOKEN,
     PROXY_DRAFT_CONF,
@@ -234,8 +235,8 @@ class SpexisDraftHead(nn.Module):
         on a GPU from one pass over the logits."""
         if not self._sharded(draft_mask):
             logits = self._draft_logits(x, lm_head_weight, draft_mask)
-            if _FUSED and fused_available(logits):
-                fused = _fused_or_none(logits, buckets)
+            if FUSED_DRAFTS.on and fused_available(logits):
+                fused = FUSED_DRAFTS.run(greedy_draft_fused, logits, buckets)
                 if fused is not None:
                     return fused
             ids, conf = greedy_draft(logits)
@@ -282,26 +283,8 @@ class SpexisDraftHead(nn.Module):
         return combine_shard_drafts(parts.view(x.shape[0], self.tp_size, 3))
 
 
-#: the fused pass, unless ``SPEXIS_DRAFT_FUSED=0`` (or it failed: ``_fused_or_none``)
-_FUSED = env_value(ENV_DRAFT_FUSED) != "0"
-
-
-def _fused_or_none(logits: torch.Tensor, buckets: Optional[torch.Tensor]):
-    """The fused pass's drafts and packed block, or None where Triton could not compile or
-    launch it on this GPU: the server then drafts with PyTorch's ops from here on (said once
-    in the log) instead of failing its requests."""
-    global _FUSED
-    try:
-        return greedy_draft_fused(logits, buckets)
-    except Exception as e:  # a compiler or driver error, not a wrong result
-        _FUSED = False
-        logger.warning(
-            "Spexis: the fused draft pass failed on this GPU (%s: %s); drafting with "
-            "PyTorch's ops instead",
-            type(e).__name__,
-            e,
-        )
-        return None
+#: the fused pass, unless ``SPEXIS_DRAFT_FUSED=0`` or it failed on this GPU
+FUSED_DRAFTS = FusedSwitch(ENV_DRAFT_FUSED, "fused draft pass", "drafting")
 
 
 def greedy_draft(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -12,12 +12,12 @@ the kernel is a plain elementwise pass: a program per block of rows.
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
 
-from spexis_sglang.srt.config import ENV_ROWS_FUSED, env_value
+from spexis_sglang.srt.config import ENV_ROWS_FUSED
+from spexis_sglang.srt.fused_switch import FusedSwitch
 from spexis_sglang.srt.sp_forced import rejected_token
 
 try:  # Triton comes with torch on GPU machines; on CPU the torch path runs
@@ -26,12 +26,10 @@ try:  # Triton comes with torch on GPU machines; on CPU the torch path runs
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
-logger = logging.getLogger(__name__)
-
 #: rows per program
 BLOCK = 256
-#: the kernel, unless ``SPEXIS_ROWS_FUSED=0`` (or it failed: :func:`resolve_rows_or_none`)
-_ENABLED = env_value(ENV_ROWS_FUSED) != "0"
+#: the kernel, unless ``SPEXIS_ROWS_FUSED=0`` or it failed on this GPU
+FUSED_ROWS = FusedSwitch(ENV_ROWS_FUSED, "fused row kernel", "completing batches")
 
 #: how a row with an alternative learns where it runs: stage 0 from the transit batch's true
 #: token and the draft it verifies (rejected where they differ), stage 0 in the benchmark's
@@ -41,8 +39,8 @@ VERDICT, FORCED, GIVEN = 0, 1, 2
 
 
 def fused_available(input_ids: torch.Tensor) -> bool:
-    """The kernel applies: not switched off, Triton present, the batch on a CUDA device."""
-    return _ENABLED and triton is not None and input_ids.is_cuda and input_ids.shape[0] > 0
+    """The kernel applies: Triton present and the batch on a CUDA device."""
+    return triton is not None and input_ids.is_cuda and input_ids.shape[0] > 0
 
 
 def resolve_rows(input_ids: torch.Tensor, *args, **kwargs):
@@ -50,18 +48,10 @@ def resolve_rows(input_ids: torch.Tensor, *args, **kwargs):
     where Triton could not compile or launch the kernel on this GPU: the server then
     completes its batches with PyTorch's ops from here on, said once in the log, instead of
     failing its requests)."""
-    global _ENABLED
-    if fused_available(input_ids):
-        try:
-            return resolve_rows_fused(input_ids, *args, **kwargs)
-        except Exception as e:  # a compiler or driver error, not a wrong result
-            _ENABLED = False
-            logger.warning(
-                "Spexis: the fused row kernel failed on this GPU (%s: %s); completing batches "
-                "with PyTorch's ops instead",
-                type(e).__name__,
-                e,
-            )
+    if FUSED_ROWS.on and fused_available(input_ids):
+        out = FUSED_ROWS.run(resolve_rows_fused, input_ids, *args, **kwargs)
+        if out is not None:
+            return out
     return resolve_rows_torch(input_ids, *args, **kwargs)
 
 
