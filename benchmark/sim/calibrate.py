@@ -59,11 +59,11 @@ def _rel(p: Path) -> str:
     return str(Path(p).resolve().relative_to(ROOT))
 
 
-def stock_host_points(files=None) -> dict:
+def stock_host_points(files) -> dict:
     """Stage 0's stock-PP phases (thread CPU ms) by micro-batch rows, mean of the runs of
-    ``files`` (default: the tiny model's loop runs over NCCL, ``loop_overhead``)."""
+    ``files`` (tiny-model loop runs: ``sp_loop_overhead.py``'s records)."""
     acc: dict = {}
-    for f in files if files is not None else M.COMMITTED["loop_overhead"]:
+    for f in files:
         d = json.loads((ROOT / f).read_text())
         for rec in d["records"]:
             if rec["loop"] != "stock":
@@ -81,7 +81,7 @@ def host_graphs_serial() -> dict:
         pts = [(b, box[b][ph] * MS) for b in sorted(box) if ph in box[b]]
         sp[ph] = HostPhase.table(pts)
     sp["recv_output"] = HostPhase(fixed=RECV_OUTPUT_S)
-    tiny = stock_host_points()
+    tiny = stock_host_points(M.COMMITTED["loop_overhead"])
     ipc = stock_host_points([M.COMMITTED["loop_overhead_ipc"]])
     # stock PP: its loop's host work per micro-batch, measured where the GPU's time is
     # negligible (a tiny model), so no phase holds a wait for the device (its phase timers on
