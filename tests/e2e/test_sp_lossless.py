@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from collections import Counter
 from typing import Dict, List
@@ -242,6 +243,8 @@ def test_sampling_distribution_matches_plain(server_factory, tiny_model_dir, tin
 # the first 30000 of the tiny model's 49152 ids: past TP rank 0's shard of the embedding
 # (24576 rows), so both ranks score draft ids
 TP_DRAFT_VOCAB = 30000
+# what the tiny model's constrained answers must read (a random model: any letters fit)
+TP_GRAMMAR_REGEX = r"(yes|no), [a-z ]{4,60}\."
 
 
 def test_pp_x_tp_x_sp_tiny_model_equals_plain(
@@ -265,6 +268,18 @@ def test_pp_x_tp_x_sp_tiny_model_equals_plain(
     label = "tiny model, PP=2 x TP=2 SP vs PP=1 plain"
     stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, prompts, 40, label)
     assert stats["rows_spec"] > 0 and stats["drafts_dropped"] > 0
+    # constrained decoding on the same servers: a batch with grammar masks drafts from the
+    # ranks' gathered logits over the draft vocabulary, masked, not from the shards' exchange
+    sampling = {"temperature": 0.0, "max_new_tokens": 32, "regex": TP_GRAMMAR_REGEX}
+    payload = {"input_ids": prompts[:4], "sampling_params": sampling}
+    expected = [o["output_ids"] for o in baseline.generate(payload)]
+    out = sp_server.generate(payload)
+    after = spexis_stats(sp_server)
+    cmp = compare_outputs(tiny_model_dir, prompts[:4], expected, [o["output_ids"] for o in out])
+    print(f"{label}, regex:", cmp.summary(), [o["text"] for o in out])
+    assert cmp.all_identical, cmp.summary()
+    assert all(re.match(r"(yes|no), [a-z ]", o["text"]) for o in out)
+    assert after["rows_spec"] > stats["rows_spec"]
     with open(trace) as f:
         drafts = [i for line in f for i in json.loads(line)["ids"]]
     print(f"{len(drafts)} drafts traced, the largest id {max(drafts)}")
