@@ -70,7 +70,7 @@ class SPLoopMixin:
         host's work for every iteration adds to the pipeline's critical path.
         """
         self.init_sp_state()
-        profiler = self._sp_maybe_profiler()
+        profiler = self.maybe_loop_profiler()
         while True:
             if profiler is not None:
                 profiler.tick()

@@ -160,7 +160,7 @@ class SpexisScheduler(
                 self.stock_pp_timers = StockPPPhaseTimers(self)
             if env_flag(ENV_PROFILE_RANGES):
                 ProfilerRanges(self, STOCK_PP_RANGE_METHODS)
-            self._sp_maybe_profiler()
+            self.maybe_loop_profiler()
             return super().event_loop_pp()
         if env_flag(ENV_PROFILE_RANGES):
             ProfilerRanges(self, SP_RANGE_METHODS)

@@ -227,7 +227,7 @@ class SPSetupMixin:
             return None
         return GpuForwardTimer(f"pp rank {self.ps.pp_rank}, tp rank {self.ps.tp_rank}")
 
-    def _sp_maybe_profiler(self: SpexisScheduler):
+    def maybe_loop_profiler(self: SpexisScheduler):
         """``SPEXIS_PROFILE_LOOP=PREFIX``: cProfile this rank's loop (developer aid)."""
         prefix = env_value(ENV_PROFILE_LOOP)
         if not prefix:
