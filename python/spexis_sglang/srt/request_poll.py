@@ -58,8 +58,9 @@ def nothing_queued_check(
     sockets = [s for s in sockets if s is not None]
     if not sockets or not all(isinstance(s, zmq.Socket) for s in sockets):
         return None
-    pollin = zmq.POLLIN
-    events = zmq.EVENTS
+    # plain ints: ``int & zmq.POLLIN`` (an IntFlag) runs enum's Python ``__rand__``
+    pollin = int(zmq.POLLIN)
+    events = int(zmq.EVENTS)
 
     def nothing_queued() -> bool:
         for s in sockets:
