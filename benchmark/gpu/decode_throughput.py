@@ -635,8 +635,11 @@ def run_config(
         a.dtype,
         "--context-length",
         str(a.context_length),
+        # one more than the largest B: at exactly B, SGLang's PP=1 admission left the chunked
+        # prefill's last request waiting and decoded it alone after the other B - 1 (an H100
+        # box, B = 64 and 256; reproduced on CPU), so the point was no rate at B
         "--max-running-requests",
-        str(max(a.batches)),
+        str(max(a.batches) + 1),
         *cfg["args"],
     ]
     if not a.local_cpu:
@@ -965,7 +968,7 @@ def build_profiles(
                 "note": f"measured: {r['config']}",
             }
             # the server's batch limit: --max-running-requests, or fewer if the KV pool is smaller
-            cap = int(r.get("max_running_requests") or max(a.batches))
+            cap = min(int(r.get("max_running_requests") or max(a.batches)), max(a.batches))
             if r.get("max_total_num_tokens"):
                 cap = min(cap, int(r["max_total_num_tokens"]) // tps)
                 c["note"] += f"; KV pool {r['max_total_num_tokens']} tokens"
