@@ -144,4 +144,11 @@ COMMITTED = {
         "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc.json",
         "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto.json",
     ],
+    # stock PP=1 on one whole H100 80GB (the anchor of two box calls, 2026-12-07, graphs on,
+    # Llama-3.1-8B-shaped, inputs 128 and 2,048): the H100's stage times, which borrow the
+    # H200's correction
+    "h100_pp1": [
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_pp1_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_input2048_pp1_h100.json",
+    ],
 }

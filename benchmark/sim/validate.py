@@ -8,6 +8,9 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
 
 1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction when no
    per-stage timings were measured; with them, all three points validate).
+1b. ``h100_pp1``: stock PP=1 on one whole H100 (the anchor of two box calls, inputs 128 and
+   2,048), through the H200's correction, which the H100 borrows; points SGLang ran short of
+   their batch are marked ``short_of_batch``. Reported, not in the H200 error bar.
 2. ``box``: the emulated two-GPU box with the old SP loop (2026-12-02; stage 0's host work
    serial with its forward, ``graphs_serial``), stock PP2 (the fit of the loopback bandwidth
    where the link was not measured) and SP2 (validation), plus SP2's stage-0 phase timers
@@ -91,7 +94,45 @@ def _point(section, config, batch, measured, simulated, role, **extra) -> dict:
     return d
 
 
+def _short_forwards(point: dict, rows: int) -> int:
+    """Forwards of fewer than ``rows`` rows in a PP=1 point's GPU timers: SGLang ran fewer
+    than B requests at once for part of it (the point is then no rate at B)."""
+    timers = (point.get("gpu_forward_ms") or {}).get("pp rank 0, tp rank 0") or {}
+    return sum(int(v[0]) for k, v in timers.items() if int(k.split("@")[0]) < rows)
+
+
 # ---------------------------------------------------------------------------------------
+def h100_pp1(cal) -> list:
+    """Stock PP=1 on one whole H100, each point of the committed runs; a point whose GPU
+    timers show forwards of fewer than B rows is marked ``short_of_batch``."""
+    m = machine_for(LLAMA, "h100_sxm", tp=1, calibration=cal)
+    out = []
+    for f, _, d in _box_files(M.COMMITTED["h100_pp1"]):
+        for x in d["models"]["llama-3.1-8b"]["results"]:
+            if x["kind"] != "pp1" or x.get("status") != "run":
+                continue
+            for bt in x["batches"]:
+                b, il = bt["batch"], bt.get("input_len", d["input_len"])
+                thr, _, _ = simulate_decode_benchmark(Deployment("tp", 1, 1), m, b, input_len=il)
+                short = _short_forwards(bt, b)
+                role = "short_of_batch" if short else "validation"
+                out.append(
+                    _point(
+                        "h100_pp1",
+                        "sglang_pp1",
+                        b,
+                        bt["decode_tok_s"],
+                        thr,
+                        role,
+                        kind="pp",
+                        input_len=il,
+                        file=f,
+                        short_forwards=short,
+                    )
+                )
+    return out
+
+
 def h200_pp1(cal) -> list:
     m = machine_for(LLAMA, "h200_sxm", tp=1, calibration=cal)
     # B=64 set the correction only when no per-stage timings were there (one factor)
@@ -600,6 +641,7 @@ def plot(points: list, path: Path) -> None:
     ax = axes[0]
     colors = {
         "h200_pp1": "tab:blue",
+        "h100_pp1": "tab:cyan",
         "box": "tab:orange",
         "box_new_loop": "tab:green",
         "box_qwen3_32b": "tab:purple",
@@ -607,7 +649,8 @@ def plot(points: list, path: Path) -> None:
         "real_2xh200_graphs_off": "tab:gray",
     }
     for sec, c in colors.items():
-        for role, mk in (("validation", "o"), ("fit", "x"), ("kv_bound", "^")):
+        roles = (("validation", "o"), ("fit", "x"), ("kv_bound", "^"), ("short_of_batch", "v"))
+        for role, mk in roles:
             p = [q for q in points if q["section"] == sec and q["role"] == role]
             if not p:
                 continue
@@ -633,6 +676,7 @@ def plot(points: list, path: Path) -> None:
         q
         for q in points
         if q["section"] in ("h200_pp1", "box")
+        or (q["section"] == "h100_pp1" and q["role"] == "validation")
         or (
             q["section"] in ("box_new_loop", "box_qwen3_32b", "box_ipc")
             and q["kind"] == "sp"
@@ -693,6 +737,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     cal = load_calibration()
     points = h200_pp1(cal)
+    h100 = h100_pp1(cal)
+    points += h100
     bp, phases = box(cal)
     points += bp
     np_, new_phases = box_new_loop(cal)
@@ -749,6 +795,13 @@ def main(argv=None) -> int:
         "qwen3_32b_kv_bound_points": sum(p["role"] == "kv_bound" for p in q32),
         # another link than the predictions' (and than the fits'): reported, not in the bar
         **_section_summary("ipc", ipc),
+        # another GPU than the error bar's (H100: the H200's correction, borrowed)
+        "h100_pp1_points": sum(p["role"] == "validation" for p in h100),
+        "h100_pp1_within_target": sum(
+            abs(p["error"]) <= TARGET for p in h100 if p["role"] == "validation"
+        ),
+        "h100_pp1_errors": [p["error"] for p in h100 if p["role"] == "validation"],
+        "h100_pp1_short_of_batch_points": sum(p["role"] == "short_of_batch" for p in h100),
     }
     if off:
         summary.update(
@@ -776,6 +829,7 @@ def main(argv=None) -> int:
             "box_new_loop": M.COMMITTED["box_new_loop"],
             "box_qwen3_32b": M.COMMITTED["box_qwen3_32b"],
             "box_ipc": M.COMMITTED["box_ipc"],
+            "h100_pp1": M.COMMITTED["h100_pp1"],
             "mps_probe": M.MPS_PROBE_2026_12_02,
             "h200_pp1": M.H200_PP1_GRAPHS_2026_12_01,
             "aic_cli_pp1": M.AIC_CLI_PP1,

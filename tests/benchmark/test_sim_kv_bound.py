@@ -32,3 +32,23 @@ def test_the_committed_box_runs_mark_exactly_their_over_budget_points():
         over = p["batch"] * (p["input_len"] + run["output_len"])
         assert (p["role"] == "kv_bound") == (over > run["kv_budget"]["max_total_tokens"]), p
     assert any(p["role"] == "kv_bound" for p in points)
+
+
+def test_a_pp1_point_with_forwards_short_of_its_batch_is_told_apart():
+    """SGLang ran 255 of 256 requests and then the last one alone: every one of its 288
+    forwards has fewer rows than B (the GPU timers' ``rows@context`` keys)."""
+    short = {
+        "gpu_forward_ms": {"pp rank 0, tp rank 0": {"1@64": [144, 1.43], "255@64": [144, 1.2]}}
+    }
+    full = {"gpu_forward_ms": {"pp rank 0, tp rank 0": {"64@64": [144, 1.26]}}}
+    assert validate._short_forwards(short, 256) == 288
+    assert validate._short_forwards(full, 64) == 0
+    assert validate._short_forwards({}, 64) == 0  # no timers: nothing to tell
+
+
+def test_the_committed_h100_pp1_points_are_short_exactly_where_their_timers_say():
+    with open(os.path.join(ROOT, "benchmark", "results", "sim_validation.json")) as f:
+        points = [p for p in json.load(f)["points"] if p["section"] == "h100_pp1"]
+    assert {p["role"] for p in points} == {"validation", "short_of_batch"}
+    for p in points:
+        assert (p["role"] == "short_of_batch") == (p["short_forwards"] > 0), p
