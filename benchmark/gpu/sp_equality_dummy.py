@@ -119,7 +119,7 @@ def main(argv: List[str] | None = None) -> int:
                 differ.append({"prompt": i, "first_difference": first})
         st = result["servers"][name].get("spexis") or {}
         keys = ("rows_normal", "rows_spec", "rows_redone", "rows_stale", "accepted", "rejected")
-        keys += ("decode_graph_replays", "decode_eager_forwards")
+        keys += ("decode_graph_replays", "decode_eager_forwards", "draft_pass_replays")
         keys += ("drafts_unmade_forwards", "unmade_drafts_verified")
         part = {
             "identical": len(base) - len(differ),

@@ -89,6 +89,8 @@ class SPStats:
     decode_eager_forwards: int = 0
     #: this rank's forwards of SP rows riding along a prefill chunk (always eager)
     mixed_forwards: int = 0
+    #: stage 0's draft passes replayed from a CUDA graph (on a GPU; the rest ran eagerly)
+    draft_pass_replays: int = 0
 
     # -- selective speculation on stage 0 (the alpha controller) ----------------------------
     #: the drop ratio in force (fixed, or the latest online choice under ``--spexis-alpha auto``)

@@ -63,6 +63,9 @@ ENV_DRAFT_FUSED = "SPEXIS_DRAFT_FUSED"
 #: "0": a decode batch's rows are completed at launch with PyTorch's ops instead of the one
 #: Triton kernel on a GPU (rows_triton; to time one against the other)
 ENV_ROWS_FUSED = "SPEXIS_ROWS_FUSED"
+#: "0": stage 0 launches its draft pass kernel by kernel instead of replaying it from a CUDA
+#: graph per row bucket on a GPU (draft_graphs; to time one against the other)
+ENV_DRAFT_GRAPH = "SPEXIS_DRAFT_GRAPH"
 
 # Set-up and the CPU environment:
 #: where the converted default model is cached (default: $XDG_CACHE_HOME/spexis, ~/.cache/spexis)

@@ -81,6 +81,7 @@ from spexis_sglang.srt.draft_artifact import (
     head_dims,
     resolve_draft_head,
 )
+from spexis_sglang.srt.draft_graphs import DraftPassGraphs
 from spexis_sglang.srt.draft_triton import fused_available, greedy_draft_fused
 from spexis_sglang.srt.fused_switch import FusedSwitch
 from spexis_sglang.srt.protocol import (
@@ -466,7 +467,7 @@ class _SpexisDraftMixin:
             capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
             if self._spexis_trace_path and not capturing:  # (a replay writes no trace)
                 trace = (mode.name, list(forward_batch.rids or []), positions[last].tolist())
-            self.spexis_make_drafts(out.tensors, x.shape[0], mask, trace)
+            self.spexis_make_drafts(out.tensors, x.shape[0], mask, trace, graph=False)
             return out
         # SP's scheduler makes the drafts after the forward where it wants them
         # (spexis_make_drafts); until then: draft PLACEHOLDER_TOKEN at confidence 0
@@ -484,26 +485,55 @@ class _SpexisDraftMixin:
         rows: int,
         draft_mask=None,
         trace: Optional[Tuple[str, List[str], List[int]]] = None,
-    ) -> None:
+        graph: bool = True,
+    ) -> bool:
         """The drafts of a forward's first ``rows`` rows (a CUDA-graph replay's outputs are
         padded) from the head's hidden state, into ``tensors``: the forward's own last step,
         or under SP the scheduler's after the forward, in place of the forward's placeholders,
         so that a forward whose drafts nothing would use skips the LM head, the head's largest
         read, even when it is a graph replay. ``trace``: the forward's mode, request ids and
-        positions, for ``SPEXIS_DRAFT_TRACE``."""
-        x = tensors.pop(PROXY_DRAFT_HIDDEN)[:rows]
+        positions, for ``SPEXIS_DRAFT_TRACE``. ``graph``: the pass may replay a CUDA graph of its
+        own (not inside the forward, which SGLang may be capturing). Returns whether one made
+        them."""
+        x = tensors.pop(PROXY_DRAFT_HIDDEN)
         buckets = tensors.get(PROXY_LENGTH_BUCKET)
-        ids, conf, packed = self.spexis_draft_head.drafts(
-            x,
-            self.model.embed_tokens.weight,
-            draft_mask,
-            None if buckets is None else buckets[:rows],
-        )
+        drafts = None
+        if graph and draft_mask is None:
+            graphs = self._spexis_graphs(x)
+            if graphs is not None:
+                drafts = graphs.run(x, rows, buckets)
+        replayed = drafts is not None
+        if drafts is None:
+            drafts = self.spexis_draft_head.drafts(
+                x[:rows],
+                self.model.embed_tokens.weight,
+                draft_mask,
+                None if buckets is None else buckets[:rows],
+            )
+        ids, conf, packed = drafts
         tensors[PROXY_DRAFT_IDS] = ids
         tensors[PROXY_DRAFT_CONF] = conf
         tensors[PROXY_DRAFT_HOST] = packed
         if self._spexis_trace_path and trace is not None:
             self._spexis_trace(*trace, ids, conf)
+        return replayed
+
+    def _spexis_graphs(self, x: torch.Tensor) -> Optional[DraftPassGraphs]:
+        """Stage 0's draft pass graphs (``draft_graphs``): on a GPU, with one TP rank (the
+        ranks' exchange of logits stays eager)."""
+        graphs = getattr(self, "_spexis_draft_graphs", None)
+        if graphs is None:
+            head = self.spexis_draft_head
+            graphs = False  # (a CPU, or TP: decided once)
+            if x.is_cuda and head.tp_size == 1:
+                weight = self.model.embed_tokens.weight
+
+                def draft(hidden: torch.Tensor, buckets: Optional[torch.Tensor]):
+                    return head.drafts(hidden, weight, None, buckets)
+
+                graphs = DraftPassGraphs(draft, x.shape[-1], x.dtype, x.device)
+            self._spexis_draft_graphs = graphs
+        return graphs if graphs and graphs.on else None
 
     @torch.no_grad()
     def forward(

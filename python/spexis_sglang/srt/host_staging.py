@@ -88,6 +88,11 @@ class HostReadback(_PinnedRing):
     def __init__(self, device, depth: int):
         super().__init__(device, depth)
         self._events: List[Optional[torch.cuda.Event]] = [None] * depth
+        # (``current_stream(index)``: without an index torch resolves the device in Python)
+        self._device_index = None
+        if self.pinned:
+            index = self.device.index
+            self._device_index = torch.cuda.current_device() if index is None else index
 
     def start(self, src: torch.Tensor) -> Tuple[torch.Tensor, Optional["torch.cuda.Event"]]:
         """``src`` (contiguous) on the host once the returned event has completed."""
@@ -98,5 +103,5 @@ class HostReadback(_PinnedRing):
         event = self._events[i]
         if event is None:
             event = self._events[i] = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self._device_index))
         return dst, event

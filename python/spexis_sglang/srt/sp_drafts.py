@@ -101,7 +101,8 @@ class SPDraftsMixin:
             positions = (batch.seq_lens[:rows] - 1).tolist()
             trace = (mode.name, [r.rid for r in batch.reqs], positions)
         mask = None if mode.is_extend() else draft_mask_of(batch)
-        model.spexis_make_drafts(tensors, rows, mask, trace)
+        if model.spexis_make_drafts(tensors, rows, mask, trace):
+            self.sp.stats.draft_pass_replays += 1
 
     def sp_drafts_wanted(self: SpexisScheduler, batch: ScheduleBatch, record: SPBatch) -> bool:
         """Stage 0: whether a decode batch about to launch makes its drafts. Not where the

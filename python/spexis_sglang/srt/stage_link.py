@@ -87,6 +87,8 @@ class SameGpuLink:
         self.next_rank = (group.rank_in_group + 1) % world
         self.prev_rank = (group.rank_in_group - 1) % world
         self.inbox = torch.empty((self.slots, self.slot_bytes), dtype=torch.uint8, device="cuda")
+        # (``current_stream(index)``: without an index torch resolves the device in Python)
+        self.device_index = self.inbox.device.index
         self.ready = [torch.cuda.Event(interprocess=True) for _ in range(self.slots)]
         self.free = [torch.cuda.Event(interprocess=True) for _ in range(self.slots)]
         self.outbox: Optional[torch.Tensor] = None
@@ -160,7 +162,7 @@ class SameGpuLink:
         if offset > self.out_slot_bytes:
             self._send_nccl(tensor_dict)
             return
-        stream = torch.cuda.current_stream()
+        stream = torch.cuda.current_stream(self.device_index)
         self._wait_for_slot(self._send_seq)
         slot = self._send_seq % self.slots
         self._send_seq += 1
@@ -198,7 +200,7 @@ class SameGpuLink:
         kind, slot, layout = self._recv_layout()
         if kind == "nccl":
             return self._recv_nccl(layout)
-        stream = torch.cuda.current_stream()
+        stream = torch.cuda.current_stream(self.device_index)
         stream.wait_event(self.ready[slot])
         buf = self.inbox[slot]
         out: Dict[str, Any] = {}
