@@ -91,16 +91,23 @@ class DraftPassGraphs:
         if with_buckets:
             buckets = torch.full((size,), -1, dtype=torch.int64, device=self.device)
         try:
+            # On a side stream, without ``torch.cuda.graph``'s device-wide synchronize (the
+            # other pipeline stages keep running): a run that compiles and loads the kernels,
+            # then the capture, only this thread's work in it.
+            current = torch.cuda.current_stream(self.device)
             side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # compiles and loads the kernels outside the capture
-                self.draft(x, buckets)
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            side.wait_stream(current)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = self.draft(x, buckets)
+            with torch.cuda.stream(side):
+                self.draft(x, buckets)
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    out = self.draft(x, buckets)
+                finally:
+                    graph.capture_end()
+            current.wait_stream(side)
         except Exception as e:  # a capture the driver or a kernel refuses: draft eagerly
             self.on = False
             logger.warning(
