@@ -55,6 +55,8 @@ def test_shapes_no_graph_serves_draft_eagerly():
     x = torch.ones((MAX_GRAPH_ROWS + 1, 8))
     assert graphs.run(x, MAX_GRAPH_ROWS + 1, None) is None  # too many rows
     assert graphs.run(torch.ones((3, 8), dtype=torch.float64), 3, None) is None  # another dtype
+    assert graphs.run(torch.ones((3, 4)), 3, None) is None  # another width
+    assert graphs.run(torch.ones((2, 8)), 3, None) is None  # fewer rows than asked for
     assert graphs.on is True and graphs.captures == 0  # neither tried a capture
 
 

@@ -67,7 +67,12 @@ class DraftPassGraphs:
     def run(self, x: torch.Tensor, rows: int, buckets: Optional[torch.Tensor]) -> Optional[Drafts]:
         """The drafts of ``x``'s first ``rows`` rows, or None where no graph serves them (the
         caller drafts eagerly)."""
-        if not self.on or x.dtype != self.dtype or x.shape[-1] != self.hidden_size:
+        if (
+            not self.on
+            or x.dtype != self.dtype
+            or x.shape[-1] != self.hidden_size
+            or x.shape[0] < rows
+        ):
             return None
         size = bucket_rows(rows)
         if size is None:
