@@ -218,6 +218,11 @@ def drain(server: ServerProcess, kind: str, timeout: float = 300.0) -> None:
         prev = cur
 
 
+def with_variant(name: str, variant: Optional[str]) -> str:
+    """``name``, or ``name (variant)`` for a record of an ``--sp-variant`` server."""
+    return f"{name} ({variant})" if variant else name
+
+
 def run_server(
     kind: str,
     server_args: List[str],
@@ -229,7 +234,7 @@ def run_server(
 ) -> List[Dict[str, object]]:
     """One server's records per batch; ``variant`` names an SP server started with ``env``
     added to its environment (``--sp-variant``)."""
-    label = kind if variant is None else f"{kind} ({variant})"
+    label = with_variant(kind, variant)
     print(f"{label}: starting {' '.join(server_args)} {env or ''}", flush=True)
     server = ServerProcess(server_args, env={ENV_PHASE_TIMERS: "1", **(env or {})})
     try:
@@ -277,9 +282,8 @@ def table(records: List[Dict[str, object]]) -> str:
             for r in by.get((kind, b), []):
                 ms = r["cpu_ms_per_iteration"]
                 cells = [f"{ms[p]:.3f}" if p in ms else "-" for p in SP_PHASES]
-                label = "SP iteration" if kind == "sp" else "stock PP step"
-                if r.get("variant"):
-                    label += f" ({r['variant']})"
+                name = "SP iteration" if kind == "sp" else "stock PP step"
+                label = with_variant(name, r.get("variant"))
                 lines.append(
                     f"| {b} | {label} | {r['rows_per_iteration']} | "
                     + " | ".join(cells)
@@ -292,7 +296,7 @@ def table(records: List[Dict[str, object]]) -> str:
         return head + "\n".join(lines)
     lines.append("\nlater ranks, CPU ms per decode iteration by phase (busy: the whole loop):\n")
     for r in sorted(later, key=lambda r: (r["B"], r["loop"], r.get("variant") or "")):
-        loop = r["loop"] if not r.get("variant") else f"{r['loop']} ({r['variant']})"
+        loop = with_variant(str(r["loop"]), r.get("variant"))
         for label, st in r["later_ranks"].items():
             ms = st["cpu_ms_per_iteration"]
             lines.append(
