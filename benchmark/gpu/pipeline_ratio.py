@@ -41,9 +41,14 @@ SP / best stock PP beside its ideal ratio (right), one panel per input length.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+from spexis_sglang.srt.stats import GpuForwardTimer  # noqa: E402
 
 STAGE0 = "pp rank 0, tp rank 0"
 
@@ -91,8 +96,7 @@ def forward_rows(point: Optional[Dict[str, Any]], rank: str = STAGE0) -> Optiona
     times = ((point or {}).get("gpu_forward_ms") or {}).get(rank) or {}
     if not times:
         return None
-    key = max(times, key=lambda k: times[k][0])
-    return int(key.split("@")[0])
+    return GpuForwardTimer.rows_of(max(times, key=lambda k: times[k][0]))
 
 
 def async_depth(res: Dict[str, Any]) -> int:

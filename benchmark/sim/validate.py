@@ -68,6 +68,7 @@ from spexis_sglang.core.stage_costs import HostCosts, HostPhase, StagePlan  # no
 from spexis_sglang.planning.aic import aic_static_prediction, load_model_shape  # noqa: E402
 from spexis_sglang.planning.machines import machine_for, stage_costs_for  # noqa: E402
 from spexis_sglang.planning.presets import CALIBRATION_PATH, LOOPS, load_calibration  # noqa: E402
+from spexis_sglang.srt.stats import GpuForwardTimer  # noqa: E402
 
 logger = logging.getLogger("validate")
 MS = 1e-3
@@ -98,7 +99,7 @@ def _short_forwards(point: dict, rows: int) -> int:
     """Forwards of fewer than ``rows`` rows in a PP=1 point's GPU timers: SGLang ran fewer
     than B requests at once for part of it (the point is then no rate at B)."""
     timers = (point.get("gpu_forward_ms") or {}).get("pp rank 0, tp rank 0") or {}
-    return sum(int(v[0]) for k, v in timers.items() if int(k.split("@")[0]) < rows)
+    return sum(int(v[0]) for k, v in timers.items() if GpuForwardTimer.rows_of(k) < rows)
 
 
 # ---------------------------------------------------------------------------------------

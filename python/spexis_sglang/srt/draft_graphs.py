@@ -63,7 +63,11 @@ class DraftPassGraphs:
         self.on = env_value(ENV_DRAFT_GRAPH) != "0"
         self._graphs: Dict[Tuple[int, bool], _Captured] = {}
         self._pool = None
-        self.captures = 0
+
+    @property
+    def captures(self) -> int:
+        """Buckets captured so far."""
+        return len(self._graphs)
 
     def run(self, x: torch.Tensor, rows: int, buckets: Optional[torch.Tensor]) -> Optional[Drafts]:
         """The drafts of ``x``'s first ``rows`` rows, or None where no graph serves them (the
@@ -125,6 +129,5 @@ class DraftPassGraphs:
             return None
         captured = _Captured(graph, x, buckets, out)
         self._graphs[(size, with_buckets)] = captured
-        self.captures += 1
         logger.debug("Spexis: draft pass captured for %d rows", size)
         return captured

@@ -323,6 +323,11 @@ class GpuForwardTimer:
                 ctx *= 8
         return f"{rows}@{ctx}"
 
+    @staticmethod
+    def rows_of(key: str) -> int:
+        """The rows of a :meth:`key` (how a benchmark reads the logged totals)."""
+        return int(key.split("@")[0])
+
     def poll(self) -> None:
         """Take the pairs whose forward is done; log now and then."""
         done = 0
