@@ -54,12 +54,8 @@ STAGE0 = "pp rank 0, tp rank 0"
 
 
 def ctx_bucket(input_len: int, output_len: int) -> int:
-    """The power of 8 below the mean context of a decode sweep (stats.GpuForwardTimer.key)."""
-    mean = input_len + output_len / 2
-    ctx = 1
-    while ctx * 8 <= mean:
-        ctx *= 8
-    return ctx
+    """The GPU timers' context bucket of a decode sweep's mean context (its keys' ``ctx``)."""
+    return GpuForwardTimer.context_bucket(input_len + output_len / 2)
 
 
 def stage_ms(

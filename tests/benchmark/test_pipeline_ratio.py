@@ -315,3 +315,17 @@ def test_a_stock_points_stage_rows_are_the_rows_its_forwards_ran():
     assert pipeline_ratio.forward_rows(two) == 32
     assert pipeline_ratio.forward_rows({"batch": 64}) is None
     assert pipeline_ratio.forward_rows(None) is None
+
+
+@pytest.mark.parametrize(
+    "input_len, output_len, ctx", [(128, 128, 64), (2048, 128, 512), (4, 2, 1), (448, 128, 512)]
+)
+def test_ctx_bucket_is_the_timers_key(input_len, output_len, ctx):
+    """A sweep's bucket is the ``ctx`` of the timers' key for rows at its mean context."""
+    from spexis_sglang.srt.stats import GpuForwardTimer
+
+    assert pipeline_ratio.ctx_bucket(input_len, output_len) == ctx
+    mean = input_len + output_len / 2
+    assert GpuForwardTimer.key(16, int(16 * mean)) == f"16@{ctx}"
+    assert GpuForwardTimer.rows_of(f"16@{ctx}") == 16
+    assert GpuForwardTimer.key(16, 0) == "16@0"

@@ -316,12 +316,16 @@ class GpuForwardTimer:
         """``"rows@ctx"``: ``ctx`` is the mean context per row rounded down to a power of 8
         (64 covers 64..511, 512 covers 512..4095, ...), so one server's sweeps at short and
         long prompts keep apart."""
-        ctx = 0
-        if tokens and rows:
-            ctx = 1
-            while ctx * 8 <= tokens / rows:
-                ctx *= 8
+        ctx = GpuForwardTimer.context_bucket(tokens / rows) if tokens and rows else 0
         return f"{rows}@{ctx}"
+
+    @staticmethod
+    def context_bucket(mean_context: float) -> int:
+        """The power of 8 at or below ``mean_context`` (1 below 8): a :meth:`key`'s ``ctx``."""
+        ctx = 1
+        while ctx * 8 <= mean_context:
+            ctx *= 8
+        return ctx
 
     @staticmethod
     def rows_of(key: str) -> int:
