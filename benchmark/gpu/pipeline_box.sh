@@ -15,7 +15,8 @@
 #             timeline.json; the traces in traces.tar.gz, for https://ui.perfetto.dev)
 # SPEXIS_PHASE_TIMERS=1 times stock PP's loop by phase too (a few µs per step): stage 0's in
 # each point's stock_phase_ms_per_iteration; every later rank's, stock and SP, in later_stages.
-# TRANSPORT=ipc (default; the same link for stock PP and SP) or nccl. The IPC transport is
+# TRANSPORT=ipc (default; the same link for stock PP and SP), packed (stage_link.PackedLink:
+# one NCCL send a message, its layout over a local pipe) or nccl (SGLang's own). The IPC transport is
 # used only if the probe's IPC round trip worked on this machine (else NCCL, said so).
 # Output under $OUT: transport_probe.json, sp_equality_dummy.json, decode_throughput.json,
 # server_logs.tar.gz, pipeline_box.log (tee it there).
@@ -43,7 +44,7 @@ if [[ " $STEPS " == *" probe "* ]]; then
     echo "CUDA IPC failed in the probe: NCCL over sockets instead"; TRANSPORT=nccl
   fi
 fi
-if [ "$TRANSPORT" = ipc ]; then export SPEXIS_PP_TRANSPORT=ipc; fi
+if [ "$TRANSPORT" = ipc ] || [ "$TRANSPORT" = packed ]; then export SPEXIS_PP_TRANSPORT=$TRANSPORT; fi
 
 RC=0
 if [[ " $STEPS " == *" equality "* ]]; then

@@ -10,7 +10,12 @@ Two processes (two PP ranks), one round trip after another, for each message siz
   ``SPEXIS_PP_TRANSPORT=ipc`` uses): a device copy into the peer's inbox opened through CUDA
   IPC, an interprocess event, the layout over a local zmq pipe;
 * ``gloo`` / ``gloo_lo``: a small Python object over gloo (SGLang sends every tensor dict's
-  metadata so), on the interface gloo picks by default and on loopback (``GLOO_SOCKET_IFNAME=lo``).
+  metadata so), on the interface gloo picks by default and on loopback (``GLOO_SOCKET_IFNAME=lo``);
+* ``dict_sglang`` / ``dict_packed``: a whole PP message of ``DICT_ROWS`` rows (hidden states
+  and residual of an 8B model's width, three per-row tensors), sent as SGLang sends a tensor
+  dict (its metadata pickled over gloo, then one NCCL send per tensor) and through the
+  project's ``stage_link.PackedLink`` (``SPEXIS_PP_TRANSPORT=packed``: the layout over a local
+  zmq pipe, the tensors in one NCCL send); each checks that the message came back equal.
 
 Under ``SPEXIS_SHARE_GPU=mps`` (an MPS daemon running) each process is a client with half the
 SMs, as the emulated two-GPU box runs them. One-way time is half the round trip; the table
@@ -30,6 +35,9 @@ import time
 from typing import Dict, List
 
 SIZES = [8, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20]
+#: rows of the whole PP messages (``dict_*`` modes), and their hidden width
+DICT_ROWS = [16, 64, 256]
+DICT_HIDDEN = 4096
 
 
 def _free_port() -> int:
@@ -63,12 +71,16 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
         os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
     if mode == "gloo_lo" or mode == "ipc":
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if mode.startswith("dict_"):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.cuda.set_device(rank % gpus)
-    backend = "nccl" if mode == "nccl" else "gloo"
+    backend = "nccl" if mode == "nccl" or mode.startswith("dict_") else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     peer = 1 - rank
     out: Dict[str, float] = {}
-    if mode == "nccl":
+    if mode.startswith("dict_"):
+        out = _dict_worker(rank, mode, repeats, dist)
+    elif mode == "nccl":
         for size in SIZES:
             buf = torch.zeros(size, dtype=torch.uint8, device="cuda")
 
@@ -108,11 +120,12 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
 
 
 class _Group:
-    """The bits of SGLang's GroupCoordinator the link uses, over this probe's gloo world."""
+    """The bits of SGLang's GroupCoordinator the links use: this probe's world (gloo, or NCCL
+    with a gloo group beside it for objects, as SGLang's ``cpu_group``)."""
 
-    def __init__(self, rank: int, dist) -> None:
+    def __init__(self, rank: int, dist, cpu_group=None, device_group=None) -> None:
         self.rank_in_group, self.world_size, self.ranks = rank, 2, [0, 1]
-        self.device_group = None
+        self.cpu_group, self.device_group = cpu_group, device_group
         self._dist = dist
 
     def send_object(self, obj, dst: int, async_send: bool = False):
@@ -123,7 +136,8 @@ class _Group:
 
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.long)
-        works = [self._dist.isend(size, dst), self._dist.isend(data, dst)]
+        group = self.cpu_group
+        works = [self._dist.isend(size, dst, group=group), self._dist.isend(data, dst, group=group)]
         return [_Work(w, (size, data)) for w in works]
 
     def recv_object(self, src: int):
@@ -132,9 +146,9 @@ class _Group:
         import torch
 
         size = torch.empty(1, dtype=torch.long)
-        self._dist.recv(size, src)
+        self._dist.recv(size, src, group=self.cpu_group)
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-        self._dist.recv(data, src)
+        self._dist.recv(data, src, group=self.cpu_group)
         return pickle.loads(data.numpy().tobytes())
 
 
@@ -181,6 +195,84 @@ def _ipc_worker(rank: int, repeats: int, dist) -> Dict[str, float]:
     return out
 
 
+def _pp_message(rows: int):
+    """A PP proxy as SP sends it: hidden states and residual, the drafts, their confidences
+    and the rows' positions (distinct values, checked on return)."""
+    import torch
+
+    hidden = torch.arange(rows * DICT_HIDDEN, device="cuda").reshape(rows, DICT_HIDDEN) % 251
+    return {
+        "hidden_states": hidden.to(torch.bfloat16),
+        "residual": (hidden + 1).to(torch.bfloat16),
+        "spexis_draft_ids": torch.arange(rows, device="cuda"),
+        "spexis_draft_conf": torch.rand(rows, device="cuda"),
+        "spexis_positions": torch.arange(rows, device="cuda", dtype=torch.int64) + 128,
+        "__msg_type__": "proxy",
+    }
+
+
+def _dict_worker(rank: int, mode: str, repeats: int, dist) -> Dict[str, float]:
+    """Round trips of whole PP messages: SGLang's way (``dict_sglang``) or the packed link's."""
+    import torch
+
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    )
+    from spexis_sglang.srt.stage_link import PackedLink
+
+    group = _Group(rank, dist, dist.new_group(backend="gloo"), dist.group.WORLD)
+    peer = 1 - rank
+    if mode == "dict_packed":
+        link = PackedLink.open(group, "cuda")
+        send, recv = link.send, link.recv
+    else:
+
+        def send(msg):  # GroupCoordinator.send_tensor_dict, async
+            meta = [
+                (k, ("t", v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else ("v", v))
+                for k, v in msg.items()
+            ]
+            works = group.send_object(meta, dst=peer, async_send=True)
+            for v in msg.values():
+                if isinstance(v, torch.Tensor):
+                    works.append(_Work(dist.isend(v, peer), v))
+            return works
+
+        def recv():  # GroupCoordinator.recv_tensor_dict
+            out = {}
+            for k, (kind, *spec) in group.recv_object(src=peer):
+                if kind == "v":
+                    out[k] = spec[0]
+                    continue
+                t = torch.empty(spec[1], dtype=spec[0], device="cuda")
+                dist.irecv(t, peer).wait()
+                out[k] = t
+            return out
+
+    out: Dict[str, float] = {}
+    for rows in DICT_ROWS:
+        msg = _pp_message(rows)
+        last = {}
+
+        def rt():
+            if rank == 0:
+                works = send(msg)
+                last["got"] = recv()
+            else:
+                works = send(recv())
+            for w in works:  # the PP loop commits a send before its next one
+                w.work.wait()
+
+        out[str(rows)] = _time_round_trips(rt, repeats) / 2
+        if rank == 0:
+            got = last["got"]
+            for k, v in msg.items():
+                same = torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v
+                if not same:
+                    raise RuntimeError(f"{mode}: {k} of a {rows}-row message came back different")
+    return out
+
+
 def lagging_receiver_check(link, rank: int, rounds: int = 3) -> int:
     """Rank 0 sends ``rounds`` times as many messages as the link has slots while rank 1 is
     still asleep, each its own contents; rank 1 then takes them all and checks every one (a
@@ -221,7 +313,7 @@ def run_mode(mode: str, gpus: int, repeats: int) -> Dict[str, float]:
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", default="nccl,ipc,gloo,gloo_lo")
+    ap.add_argument("--modes", default="nccl,ipc,gloo,gloo_lo,dict_sglang,dict_packed")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "transport.json"))
     a = ap.parse_args(argv)
@@ -234,6 +326,8 @@ def main(argv: List[str] | None = None) -> int:
         "gpus": gpus,
         "share_gpu": os.environ.get("SPEXIS_SHARE_GPU"),
         "sizes_bytes": SIZES,
+        "dict_rows": DICT_ROWS,
+        "dict_hidden": DICT_HIDDEN,
         "one_way_s": {},
         "errors": {},
     }
@@ -252,6 +346,9 @@ def main(argv: List[str] | None = None) -> int:
         cells = []
         for k, v in by_size.items():
             if not k.isdigit() and k != "metadata":
+                continue
+            if mode.startswith("dict_"):  # keyed by the message's rows
+                cells.append(f"{k} rows: {v * 1e6:.0f} us")
                 continue
             gbps = int(k) / v / 1e9 if k.isdigit() and v > 0 else None
             cells.append(f"{k}: {v * 1e6:.0f} us" + (f" ({gbps:.1f} GB/s)" if gbps else ""))

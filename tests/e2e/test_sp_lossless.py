@@ -17,8 +17,9 @@ import requests
 
 from spexis_sglang.cpu_support import cuda_available
 from spexis_sglang.srt.bundled import BundledHeadError, bundled_draft_head
-from spexis_sglang.srt.config import ENV_DRAFT_TRACE
+from spexis_sglang.srt.config import ENV_DRAFT_TRACE, ENV_PP_TRANSPORT
 from spexis_sglang.srt.relay import RELAY_LOG_LINE
+from spexis_sglang.srt.stage_link import PACKED_LINK_LOG_LINE
 from spexis_sglang.testing import SPEXIS_RETRACT_LINE
 
 from .compare import compare_outputs
@@ -135,6 +136,34 @@ def test_greedy_tiny_model_deep_pipeline_equals_plain(
     # on one node every stage took its relay from the local pipe, not gloo (srt/relay.py)
     with open(sp_server.log_path) as f:
         assert f.read().count(RELAY_LOG_LINE) == pp
+
+
+def test_greedy_tiny_model_over_the_packed_link_equals_plain(
+    server_factory, tiny_model_dir, tiny_prompts
+):
+    """``SPEXIS_PP_TRANSPORT=packed`` (``stage_link.PackedLink``: a message's layout over a
+    local pipe, its tensors in one send): SP at PP=3, where a middle stage forwards the
+    outputs too, and stock PP=2 give plain SGLang's tokens, every rank over the link."""
+    baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
+    env = {ENV_PP_TRANSPORT: "packed"}
+    servers = {
+        "SP PP=3": server_factory(
+            ["--model-path", tiny_model_dir, *tiny_sp_args(3)], env=env, keep=False
+        ),
+        "stock PP=2": server_factory(
+            ["--model-path", tiny_model_dir, "--pp-size", "2"], env=env, keep=False
+        ),
+    }
+    for name, server in servers.items():
+        label = f"tiny model, {name} over the packed link vs PP=1 plain"
+        expected = baseline.greedy_ids(tiny_prompts, 40)
+        got = server.greedy_ids(tiny_prompts, 40)
+        cmp = compare_outputs(tiny_model_dir, tiny_prompts, expected, got)
+        print(f"{label}:", cmp.summary())
+        assert cmp.all_identical, cmp.summary()
+        with open(server.log_path) as f:
+            assert f.read().count(PACKED_LINK_LOG_LINE) == int(name[-1])
+    assert spexis_stats(servers["SP PP=3"])["rows_spec"] > 0
 
 
 def test_greedy_tiny_model_alpha_one_equals_plain(server_factory, tiny_model_dir, tiny_prompts):

@@ -72,3 +72,123 @@ def test_a_receiver_many_messages_behind_gets_each_one_intact():
     out = transport_probe.run_mode("ipc", gpus=1, repeats=3)
     assert out["lagging_receiver_messages"] == 24
     assert out["send_waits"] >= 1  # the sender did wait for the receiver
+
+
+# ---------------------------------------------------------------------- the packed link
+class _GlooGroup:
+    """The bits of SGLang's pipeline GroupCoordinator the links use, over a two-rank gloo
+    world (the CPU group is the device group, as on a CPU server)."""
+
+    def __init__(self, rank: int) -> None:
+        import torch.distributed as dist
+
+        self.rank_in_group, self.world_size, self.ranks = rank, 2, [0, 1]
+        self.cpu_group = self.device_group = dist.group.WORLD
+
+    def send_object(self, obj, dst: int, async_send: bool = False):
+        import pickle
+
+        import torch.distributed as dist
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.long)
+        return [_Sent(dist.isend(size, dst)), _Sent(dist.isend(data, dst), (size, data))]
+
+    def recv_object(self, src: int):
+        import pickle
+
+        import torch.distributed as dist
+
+        size = torch.empty(1, dtype=torch.long)
+        dist.recv(size, src)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(data, src)
+        return pickle.loads(data.numpy().tobytes())
+
+
+class _Sent:
+    def __init__(self, work, keep=None) -> None:
+        self.work, self.keep = work, keep
+
+
+def _messages():
+    """Messages as the PP loops send them: tensors of several dtypes and shapes (empty,
+    0-d, non-contiguous, one byte), plain values, one without any tensor."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 7, generator=g).to(torch.bfloat16)
+    return [
+        {
+            "hidden_states": hidden,
+            "residual": torch.randn(7, 5, generator=g).t(),  # non-contiguous
+            "next_token_ids": torch.arange(5, dtype=torch.int64),
+            "spexis_draft_conf": torch.rand(3, generator=g),
+            "accepts": torch.tensor([True, False, True]),
+            "empty": torch.empty(0, 4096, dtype=torch.bfloat16),
+            "scalar": torch.tensor(7, dtype=torch.int32),
+            "__msg_type__": "proxy",
+            "meta": {"rows": 5},
+        },
+        {"__msg_type__": "output", "nothing": None},
+        {"x": torch.arange(1000, dtype=torch.int16).reshape(10, 100), "__msg_type__": "output"},
+    ]
+
+
+def _packed_worker(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+
+    from spexis_sglang.srt.stage_link import PackedLink
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        link = PackedLink.open(_GlooGroup(rank), "cpu")
+        if rank == 1:  # echo every message back to rank 0
+            for _ in range(len(_messages())):
+                for w in link.send(link.recv()):
+                    w.work.wait()
+            return
+        result = {"equal": [], "one_buffer": None}
+        for sent in _messages():
+            works = link.send(dict(sent))
+            got = link.recv()
+            for w in works:
+                w.work.wait()
+            same = list(got) == list(sent)
+            for k, v in sent.items():
+                if isinstance(v, torch.Tensor):
+                    g = got[k]
+                    same &= g.dtype == v.dtype and g.shape == v.shape and torch.equal(g, v)
+                else:
+                    same &= got[k] == v
+            result["equal"].append(bool(same))
+            tensors = [t for t in got.values() if isinstance(t, torch.Tensor) and t.numel()]
+            if len(tensors) > 1 and result["one_buffer"] is None:
+                ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+                result["one_buffer"] = len(ptrs) == 1
+        result["sent"], result["received"] = link.sent, link.received
+        queue.put(result)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_the_packed_link_delivers_every_message_intact_in_one_buffer():
+    """``SPEXIS_PP_TRANSPORT=packed`` between two processes over gloo (a CPU server's PP):
+    each message comes back equal, key for key and in order, and its tensors are views of
+    the one buffer it was sent as (no copy out on the receiver)."""
+    import multiprocessing as mp
+
+    from spexis_sglang.testing import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_packed_worker, args=(r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    result = queue.get(timeout=5)
+    assert result["equal"] == [True, True, True]
+    assert result["one_buffer"] is True
+    assert result["sent"] == result["received"] == 3

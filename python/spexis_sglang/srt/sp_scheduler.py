@@ -171,8 +171,7 @@ class SpexisScheduler(
         if link is None:
             return super()._pp_send_dict_to_next_stage(tensor_dict, async_send, msg_type)
         tensor_dict["__msg_type__"] = msg_type
-        link.send(tensor_dict)
-        return []
+        return link.send(tensor_dict)
 
     def _pp_recv_typed_dict(self, expected_kind="default", all_gather_group=None):
         link = getattr(self, "sp_link", None)

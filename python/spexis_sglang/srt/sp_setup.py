@@ -200,19 +200,33 @@ class SPSetupMixin:
         return controller
 
     def _sp_open_link(self: SpexisScheduler):
-        """``SPEXIS_PP_TRANSPORT=ipc`` with every PP rank on one GPU: the PP tensor messages
-        go through CUDA IPC (``stage_link``), stock PP's and SP's alike; else None (NCCL)."""
-        if env_value(ENV_PP_TRANSPORT) != "ipc":
-            return None
-        if not (share_gpu_mode() and torch.cuda.is_available() and torch.cuda.device_count() == 1):
-            logger.warning("%s=ipc needs every PP rank on one GPU: using NCCL", ENV_PP_TRANSPORT)
+        """The link of the PP tensor messages, stock PP's and SP's alike (``stage_link``):
+        ``SPEXIS_PP_TRANSPORT=ipc`` with every PP rank on one GPU, through CUDA IPC;
+        ``packed`` with every PP rank on one host, one buffer a message; else None
+        (SGLang's transport)."""
+        transport = env_value(ENV_PP_TRANSPORT)
+        if transport not in ("ipc", "packed"):
+            if transport not in (None, "", "nccl"):
+                logger.warning(
+                    "%s=%s is none of ipc, packed, nccl: using SGLang's transport",
+                    ENV_PP_TRANSPORT,
+                    transport,
+                )
             return None
         if self.ps.tp_size > 1 or get_parallel().enable_dp_attention:
             logger.warning(
-                "%s=ipc supports TP=1 without DP attention: using NCCL", ENV_PP_TRANSPORT
+                "%s=%s supports TP=1 without DP attention: using SGLang's transport",
+                ENV_PP_TRANSPORT,
+                transport,
             )
             return None
-        from spexis_sglang.srt.stage_link import SameGpuLink, proxy_slot_bytes
+        from spexis_sglang.srt.stage_link import PackedLink, SameGpuLink, proxy_slot_bytes
+
+        if transport == "packed":
+            return PackedLink.open(self.pp_group, self.req_to_token_pool.device)
+        if not (share_gpu_mode() and torch.cuda.is_available() and torch.cuda.device_count() == 1):
+            logger.warning("%s=ipc needs every PP rank on one GPU: using NCCL", ENV_PP_TRANSPORT)
+            return None
 
         slot = proxy_slot_bytes(
             self.max_running_requests, self.model_config.hidden_size, self.model_config.dtype
