@@ -296,6 +296,9 @@ class PackedLink:
     def __init__(self, group, device) -> None:
         self.group = group  # SGLang's GroupCoordinator of the pipeline
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # ("cuda" != "cuda:0": the tensors to pack are told by their device)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         world = group.world_size
         self.next_rank = (group.rank_in_group + 1) % world
         self.prev_rank = (group.rank_in_group - 1) % world
