@@ -1,4 +1,7 @@
-"""Tensors between pipeline stages that share one GPU, through CUDA IPC instead of sockets.
+"""The PP tensor messages (proxies, outputs) between stages on one host, two links:
+:class:`SameGpuLink` for stages that share one GPU (CUDA IPC instead of sockets), and
+:class:`PackedLink` for stages on any devices (one send a message, its layout over a local
+pipe). Both serve stock PP's loop and SP's alike.
 
 With every PP rank on one GPU (``SPEXIS_SHARE_GPU``), NCCL takes the ranks for different hosts
 and sends over loopback sockets: each message is staged through host memory, which costs far
@@ -31,6 +34,10 @@ loopback sockets: 0.3-1.2 ms), but 130-260 us for small messages, where NCCL tak
 (the layout's pickling takes ~2 us and the zmq pipe tens of us; the rest of that floor is
 not profiled yet). Stock PP and Spexis use the same link on the same box, so their comparison
 stays fair.
+
+``SPEXIS_PP_TRANSPORT=packed`` (:class:`PackedLink`) keeps SGLang's device group for the bytes and
+drops the rest of its per-message cost: measured on the H100 box, stage 0's send and output
+receive 0.33-0.55 ms shorter an iteration over NCCL.
 """
 
 from __future__ import annotations
