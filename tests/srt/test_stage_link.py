@@ -192,3 +192,25 @@ def test_the_packed_link_delivers_every_message_intact_in_one_buffer():
     assert result["equal"] == [True, True, True]
     assert result["one_buffer"] is True
     assert result["sent"] == result["received"] == 3
+
+
+def test_the_packed_link_names_its_gpu_by_index(monkeypatch):
+    """The tensors to pack are told by their device: a link opened on "cuda" must compare
+    equal to its tensors' "cuda:N" (else every tensor would go pickled in the layout)."""
+    from spexis_sglang.srt.stage_link import PackedLink
+
+    class Group:
+        rank_in_group, world_size = 0, 2
+        cpu_group = device_group = None
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    links = [PackedLink(Group(), name) for name in ("cuda", "cuda:1", "cpu")]
+    try:
+        assert [link.device for link in links] == [
+            torch.device("cuda:3"),
+            torch.device("cuda:1"),
+            torch.device("cpu"),
+        ]
+    finally:
+        for link in links:
+            link._layouts_in.close()
