@@ -214,3 +214,27 @@ def test_the_packed_link_names_its_gpu_by_index(monkeypatch):
     finally:
         for link in links:
             link._layouts_in.close()
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_message_unpacks_from_its_buffer_as_laid_out(copy):
+    """What both links do with a message's bytes: every tensor back at its offset, equal,
+    a copy (the IPC link's reused slot) or a view of the buffer (the packed link's)."""
+    from spexis_sglang.srt.stage_link import _message_layout, _unpack
+
+    message = _messages()[0]
+    layout, tensors, nbytes = _message_layout(message, lambda t: True)
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    for off, t in tensors:
+        n = t.numel() * t.element_size()
+        buf[off : off + n] = t.reshape(-1).view(torch.uint8)
+    got = _unpack(layout, buf, copy=copy)
+    assert list(got) == list(message)
+    for key, value in message.items():
+        if not isinstance(value, torch.Tensor):
+            assert got[key] == value
+            continue
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value)
+        if value.numel():
+            shares = got[key].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+            assert shares != copy

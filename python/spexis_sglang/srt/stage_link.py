@@ -82,6 +82,24 @@ def _message_layout(
     return layout, tensors, offset
 
 
+def _unpack(layout: List[Tuple[str, Any]], buf: torch.Tensor, copy: bool) -> Dict[str, Any]:
+    """The message of ``layout`` (see :func:`_message_layout`) from ``buf``: each tensor viewed
+    at its offset, or a copy of it where the buffer is reused; every other value as is."""
+    out: Dict[str, Any] = {}
+    for key, spec in layout:
+        if spec[0] == "v":
+            out[key] = spec[1]
+            continue
+        _, off, dtype, shape = spec
+        n = math.prod(shape) * dtype.itemsize
+        if n == 0:
+            out[key] = torch.empty(shape, dtype=dtype, device=buf.device)
+            continue
+        view = buf[off : off + n].view(dtype).view(shape)
+        out[key] = view.clone() if copy else view
+    return out
+
+
 def _bound_pull(name: str) -> Tuple[zmq.Socket, str]:
     """A PULL socket bound to a fresh abstract ipc address (``name``, this pid, a uuid)."""
     sock = zmq.Context.instance().socket(zmq.PULL)
@@ -109,7 +127,7 @@ class SameGpuLink:
 
     def __init__(self, group, slot_bytes: int, slots: int) -> None:
         self.group = group  # SGLang's GroupCoordinator of the pipeline
-        self.slot_bytes = int(slot_bytes)
+        self.slot_bytes = _aligned(int(slot_bytes))  # (every slot starts aligned)
         self.slots = int(slots)
         world = group.world_size
         self.next_rank = (group.rank_in_group + 1) % world
@@ -221,17 +239,8 @@ class SameGpuLink:
             return self._recv_nccl(layout)
         stream = torch.cuda.current_stream(self.device_index)
         stream.wait_event(self.ready[slot])
-        buf = self.inbox[slot]
-        out: Dict[str, Any] = {}
-        for key, spec in layout:
-            if spec[0] == "v":
-                out[key] = spec[1]
-                continue
-            _, off, dtype, shape = spec
-            t = torch.empty(shape, dtype=dtype, device="cuda")
-            n = t.numel() * t.element_size()
-            t.view(-1).view(torch.uint8).copy_(buf[off : off + n])
-            out[key] = t
+        # copies: the slot takes the next message once freed
+        out = _unpack(layout, self.inbox[slot], copy=True)
         self.free[slot].record(stream)
         self._recv_seq += 1
         self._acks_out.send(str(self._recv_seq).encode())
@@ -366,18 +375,9 @@ class PackedLink:
             src = self.group.ranks[self.prev_rank]
             torch.distributed.irecv(buf, src, group=self.comm_group).wait()
         self.received += 1
-        out: Dict[str, Any] = {}
-        for key, spec in layout:
-            if spec[0] == "v":
-                out[key] = spec[1]
-                continue
-            _, off, dtype, shape = spec
-            n = math.prod(shape) * dtype.itemsize
-            if n == 0:
-                out[key] = torch.empty(shape, dtype=dtype, device=self.device)
-            else:
-                out[key] = buf[off : off + n].view(dtype).view(shape)
-        return out
+        if buf is None:  # (no tensor with an element: views of an empty buffer)
+            buf = torch.empty(0, dtype=torch.uint8, device=self.device)
+        return _unpack(layout, buf, copy=False)
 
 
 def proxy_slot_bytes(max_running_requests: int, hidden: int, dtype: torch.dtype) -> int:
