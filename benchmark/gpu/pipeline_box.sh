@@ -16,8 +16,8 @@
 # SPEXIS_PHASE_TIMERS=1 times stock PP's loop by phase too (a few µs per step): stage 0's in
 # each point's stock_phase_ms_per_iteration; every later rank's, stock and SP, in later_stages.
 # TRANSPORT=ipc (default; the same link for stock PP and SP), packed (stage_link.PackedLink:
-# one NCCL send a message, its layout over a local pipe) or nccl (SGLang's own). The IPC transport is
-# used only if the probe's IPC round trip worked on this machine (else NCCL, said so).
+# one NCCL send a message, its layout over a local pipe) or nccl (SGLang's own). The IPC
+# transport is used only if the probe's IPC round trip worked on this machine (else NCCL, said so).
 # Output under $OUT: transport_probe.json, sp_equality_dummy.json, decode_throughput.json,
 # server_logs.tar.gz, pipeline_box.log (tee it there).
 #   run(carry=[".gpu/site.tar.xz"], timeout_s=600,
