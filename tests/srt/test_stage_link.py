@@ -74,6 +74,19 @@ def test_a_receiver_many_messages_behind_gets_each_one_intact():
     assert out["send_waits"] >= 1  # the sender did wait for the receiver
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_whole_pp_messages_come_back_equal_over_nccl_both_ways():
+    """SGLang's way and the packed link's, 16 to 256 rows over NCCL (``transport_probe.py``
+    raises where a message came back different)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "gpu"))
+    import transport_probe
+
+    gpus = min(torch.cuda.device_count(), 2)
+    for mode in ("dict_sglang", "dict_packed"):
+        out = transport_probe.run_mode(mode, gpus=gpus, repeats=3)
+        assert set(out) == {str(rows) for rows in transport_probe.DICT_ROWS}
+
+
 # ---------------------------------------------------------------------- the packed link
 class _GlooGroup:
     """The bits of SGLang's pipeline GroupCoordinator the links use, over a two-rank gloo
