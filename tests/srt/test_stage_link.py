@@ -88,42 +88,6 @@ def test_whole_pp_messages_come_back_equal_over_nccl_both_ways():
 
 
 # ---------------------------------------------------------------------- the packed link
-class _GlooGroup:
-    """The bits of SGLang's pipeline GroupCoordinator the links use, over a two-rank gloo
-    world (the CPU group is the device group, as on a CPU server)."""
-
-    def __init__(self, rank: int) -> None:
-        import torch.distributed as dist
-
-        self.rank_in_group, self.world_size, self.ranks = rank, 2, [0, 1]
-        self.cpu_group = self.device_group = dist.group.WORLD
-
-    def send_object(self, obj, dst: int, async_send: bool = False):
-        import pickle
-
-        import torch.distributed as dist
-
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.long)
-        return [_Sent(dist.isend(size, dst)), _Sent(dist.isend(data, dst), (size, data))]
-
-    def recv_object(self, src: int):
-        import pickle
-
-        import torch.distributed as dist
-
-        size = torch.empty(1, dtype=torch.long)
-        dist.recv(size, src)
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.recv(data, src)
-        return pickle.loads(data.numpy().tobytes())
-
-
-class _Sent:
-    def __init__(self, work, keep=None) -> None:
-        self.work, self.keep = work, keep
-
-
 def _messages():
     """Messages as the PP loops send them: tensors of several dtypes and shapes (empty,
     0-d, non-contiguous, one byte), plain values, one without any tensor."""
@@ -151,9 +115,13 @@ def _packed_worker(rank: int, port: int, queue) -> None:
 
     from spexis_sglang.srt.stage_link import PackedLink
 
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "gpu"))
+    from transport_probe import _Group  # the bits of SGLang's GroupCoordinator a link uses
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        link = PackedLink.open(_GlooGroup(rank), "cpu")
+        # a CPU server's PP: the CPU group is the device group
+        link = PackedLink.open(_Group(rank, dist, dist.group.WORLD, dist.group.WORLD), "cpu")
         if rank == 1:  # echo every message back to rank 0
             for _ in range(len(_messages())):
                 for w in link.send(link.recv()):

@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import zmq
+from sglang.srt.distributed.parallel_state import P2PWork
 
 logger = logging.getLogger(__name__)
 
@@ -281,16 +282,6 @@ class SameGpuLink:
 PACKED_LINK_LOG_LINE = "Spexis packed PP link: one buffer a message over the device group"
 
 
-class _SentWork:
-    """What SGLang's PP loop waits on before it reuses a send's memory (its ``P2PWork``): the
-    send, and the buffer it reads, kept alive until then."""
-
-    __slots__ = ("work", "payload")
-
-    def __init__(self, work, payload: torch.Tensor) -> None:
-        self.work, self.payload = work, payload
-
-
 class PackedLink:
     """The PP link of one rank for stages on one host, on any devices
     (``SPEXIS_PP_TRANSPORT=packed``): a message's layout over a local zmq pipe, its tensors as
@@ -347,9 +338,9 @@ class PackedLink:
         logger.info(PACKED_LINK_LOG_LINE)
         return link
 
-    def send(self, tensor_dict: Dict[str, Any]) -> List[_SentWork]:
-        """Send ``tensor_dict`` to the next rank; returns the send to wait on before the
-        loop's next send (SGLang's ``_pp_commit_comm_work``)."""
+    def send(self, tensor_dict: Dict[str, Any]) -> List[P2PWork]:
+        """Send ``tensor_dict`` to the next rank; returns the send (with the buffer it reads)
+        for the PP loop to wait on before its next send (``_pp_commit_comm_work``)."""
         device = self.device
         layout, tensors, nbytes = _message_layout(tensor_dict, lambda t: t.device == device)
         buf = None
@@ -364,19 +355,16 @@ class PackedLink:
         if buf is None:
             return []
         dst = self.group.ranks[self.next_rank]
-        return [_SentWork(torch.distributed.isend(buf, dst, group=self.comm_group), buf)]
+        return [P2PWork(torch.distributed.isend(buf, dst, group=self.comm_group), buf)]
 
     def recv(self) -> Dict[str, Any]:
         """The next message from the previous rank (its tensors are views of one buffer)."""
         nbytes, layout = pickle.loads(self._layouts_in.recv())
-        buf = None
-        if nbytes:
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        if nbytes:  # (the sender sends no empty buffer)
             src = self.group.ranks[self.prev_rank]
             torch.distributed.irecv(buf, src, group=self.comm_group).wait()
         self.received += 1
-        if buf is None:  # (no tensor with an element: views of an empty buffer)
-            buf = torch.empty(0, dtype=torch.uint8, device=self.device)
         return _unpack(layout, buf, copy=False)
 
 
