@@ -67,9 +67,12 @@ STOCK_PHASES = tuple(p for p in SP_PHASES if p not in ("draft_sync", "forced"))
 SCHED_PROC = ("schedule", "draft_sync", "process")
 
 
+def rank0_state(server: ServerProcess) -> Dict[str, object]:
+    return server.server_info(timeout=600)["internal_states"][0]
+
+
 def stats(server: ServerProcess) -> Dict[str, float]:
-    info = server.server_info(timeout=600)
-    return info["internal_states"][0]["spexis"]
+    return rank0_state(server)["spexis"]
 
 
 def counts(kind: str, before: dict, after: dict) -> Dict[str, float]:
@@ -134,7 +137,8 @@ def measure(
     window = min(max(args.window_iters / rate, args.min_window_s), args.max_window_s)
     time.sleep(window)
     t_after = time.time()
-    after = stats(server)
+    state = rank0_state(server)
+    after = state["spexis"]
     requests.post(server.base_url + "/abort_request", json={"abort_all": True}, timeout=120)
     thread.join()
     c = counts(kind, before, after)
@@ -153,6 +157,8 @@ def measure(
         "cpu_ms_per_iteration": {p: round(1e3 * d[f"cpu_{p}_s"] / n, 3) for p in phases},
         "cpu_busy_ms_per_iteration": round(1e3 * d["cpu_busy_s"] / n, 3),
         "wall_busy_ms_per_iteration": round(1e3 * d["time_busy_s"] / n, 3),
+        # what carried the PP messages: an SP server's packed link, a plain one's SGLang's
+        "pp_link": state.get("spexis_pp_link"),
     }
     sched_proc = sum(d.get(f"cpu_{p}_s", 0.0) for p in SCHED_PROC)
     rec["cpu_sched_proc_ms_per_iteration"] = round(1e3 * sched_proc / n, 3)

@@ -299,6 +299,7 @@ def server_state(srv: Server) -> Dict[str, Any]:
         "spexis": st.get("spexis"),
         "spexis_alpha": st.get("spexis_alpha"),
         "gpu_forward_ms": st.get("spexis_gpu_forward_ms"),
+        "pp_link": st.get("spexis_pp_link"),  # what carried the PP messages (ipc, packed, sglang)
         "max_total_num_tokens": st.get("max_total_num_tokens", info.get("max_total_num_tokens")),
         "max_running_requests": st.get("max_running_requests", info.get("max_running_requests")),
     }

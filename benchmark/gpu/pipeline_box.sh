@@ -44,7 +44,7 @@ if [[ " $STEPS " == *" probe "* ]]; then
     echo "CUDA IPC failed in the probe: NCCL over sockets instead"; TRANSPORT=nccl
   fi
 fi
-if [ "$TRANSPORT" = ipc ] || [ "$TRANSPORT" = packed ]; then export SPEXIS_PP_TRANSPORT=$TRANSPORT; fi
+export SPEXIS_PP_TRANSPORT=$TRANSPORT  # nccl: SGLang's own for SP too (its default: packed)
 
 RC=0
 if [[ " $STEPS " == *" equality "* ]]; then

@@ -99,6 +99,7 @@ def main(argv: List[str] | None = None) -> int:
             result["servers"][name] = {
                 "args": common + extra,
                 "seconds": round(time.time() - t, 1),
+                "pp_link": state.get("pp_link"),
                 "spexis": state.get("spexis"),
             }
         except Exception as e:  # noqa: BLE001 - recorded
@@ -130,7 +131,9 @@ def main(argv: List[str] | None = None) -> int:
             result.update(part)
         else:
             result[key] = part
-        print(f"{name}: identical {part['identical']}/{len(base)}; SP rows {part['sp_rows']}")
+        link = result["servers"][name].get("pp_link")
+        print(f"{name} (PP link {link}): identical {part['identical']}/{len(base)}; ", end="")
+        print(f"SP rows {part['sp_rows']}")
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     ok = result.get("identical") == a.prompts

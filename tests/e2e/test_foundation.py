@@ -42,6 +42,13 @@ def test_pp1_and_pp2_give_identical_greedy_ids(greedy_outputs, prompt_ids):
         assert a == b, f"prompt {i}: PP=1 and PP=2 differ"
 
 
+def test_plain_pp_keeps_sglangs_transport(servers):
+    """Spexis' packed PP link is an SP server's default; a plain PP server, asking for nothing,
+    sends its PP messages SGLang's way."""
+    info = requests.get(servers[2].base_url + "/server_info", timeout=60).json()
+    assert info["internal_states"][0]["spexis_pp_link"] == "sglang"
+
+
 def test_greedy_ids_equal_hf_transformers(greedy_outputs, prompt_ids, model_dir):
     for i, expected in enumerate(hf_greedy(model_dir, prompt_ids, NEW_TOKENS)):
         assert len(expected) == NEW_TOKENS

@@ -44,9 +44,13 @@ def sp_args(pp: int, head: str, *extra: str) -> List[str]:
     ]
 
 
-def spexis_stats(server) -> Dict[str, float]:
+def rank0_state(server) -> Dict[str, object]:
     info = requests.get(server.base_url + "/server_info", timeout=60).json()
-    return info["internal_states"][0]["spexis"]
+    return info["internal_states"][0]
+
+
+def spexis_stats(server) -> Dict[str, float]:
+    return rank0_state(server)["spexis"]
 
 
 @pytest.fixture(scope="module")
@@ -126,32 +130,39 @@ def tiny_prompts(tiny_model_dir):
 def test_greedy_tiny_model_deep_pipeline_equals_plain(
     server_factory, tiny_model_dir, tiny_prompts, pp
 ):
+    """A deep pipeline over SGLang's own PP transport (``SPEXIS_PP_TRANSPORT=nccl``; an SP
+    server's default on one host is the packed link)."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
-    sp_server = server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(pp)])
+    sp_server = server_factory(
+        ["--model-path", tiny_model_dir, *tiny_sp_args(pp)], env={ENV_PP_TRANSPORT: "nccl"}
+    )
     label = f"tiny model, PP={pp} SP vs PP=1 plain"
     stats = assert_greedy_equal(tiny_model_dir, baseline, sp_server, tiny_prompts, 48, label)
     assert stats["rows_spec"] > 0 and stats["rows_stale"] > 0
     # stage 0's alpha drops reached the other stages (they would desynchronise otherwise)
     assert stats["drafts_dropped"] > 0
+    assert rank0_state(sp_server)["spexis_pp_link"] == "sglang"
     # on one node every stage took its relay from the local pipe, not gloo (srt/relay.py)
     with open(sp_server.log_path) as f:
-        assert f.read().count(RELAY_LOG_LINE) == pp
+        log = f.read()
+    assert log.count(RELAY_LOG_LINE) == pp
+    assert PACKED_LINK_LOG_LINE not in log
 
 
 def test_greedy_tiny_model_over_the_packed_link_equals_plain(
     server_factory, tiny_model_dir, tiny_prompts
 ):
-    """``SPEXIS_PP_TRANSPORT=packed`` (``stage_link.PackedLink``: a message's layout over a
-    local pipe, its tensors in one send): SP at PP=3, where a middle stage forwards the
-    outputs too, and stock PP=2 give plain SGLang's tokens, every rank over the link."""
+    """The packed link (``stage_link.PackedLink``: a message's layout over a local pipe, its
+    tensors in one send), an SP server's default on one host: SP at PP=3, where a middle stage
+    forwards the outputs too, and stock PP=2 under ``SPEXIS_PP_TRANSPORT=packed`` give plain
+    SGLang's tokens, every rank over the link."""
     baseline = server_factory(["--model-path", tiny_model_dir, "--pp-size", "1"])
-    env = {ENV_PP_TRANSPORT: "packed"}
     servers = {
-        "SP PP=3": server_factory(
-            ["--model-path", tiny_model_dir, *tiny_sp_args(3)], env=env, keep=False
-        ),
+        "SP PP=3": server_factory(["--model-path", tiny_model_dir, *tiny_sp_args(3)], keep=False),
         "stock PP=2": server_factory(
-            ["--model-path", tiny_model_dir, "--pp-size", "2"], env=env, keep=False
+            ["--model-path", tiny_model_dir, "--pp-size", "2"],
+            env={ENV_PP_TRANSPORT: "packed"},
+            keep=False,
         ),
     }
     for name, server in servers.items():
@@ -163,6 +174,7 @@ def test_greedy_tiny_model_over_the_packed_link_equals_plain(
         assert cmp.all_identical, cmp.summary()
         with open(server.log_path) as f:
             assert f.read().count(PACKED_LINK_LOG_LINE) == int(name[-1])
+        assert rank0_state(server)["spexis_pp_link"] == "packed"
     assert spexis_stats(servers["SP PP=3"])["rows_spec"] > 0
 
 

@@ -54,7 +54,9 @@ SHARE_GPU_MODES = ("1", "mps")
 #: "ipc": PP ranks sharing one GPU send their tensor messages through CUDA IPC buffers instead
 #: of NCCL over loopback sockets (stage_link.SameGpuLink; the GPU scripts set it under mps);
 #: "packed": ranks on one host send each message's layout over a local pipe and its tensors in
-#: one send (stage_link.PackedLink) instead of SGLang's gloo metadata and a send per tensor
+#: one send (stage_link.PackedLink) instead of SGLang's gloo metadata and a send per tensor;
+#: "nccl": SGLang's own transport. Unset: "packed" for an SP server where it applies (one host,
+#: TP 1), SGLang's for a plain PP server
 ENV_PP_TRANSPORT = "SPEXIS_PP_TRANSPORT"
 #: "1": time each rank's decode forwards on the device (CUDA events) by batch rows, logged
 #: per rank every few seconds and under /server_info (stats.GpuForwardTimer)

@@ -91,6 +91,7 @@ from spexis_sglang.srt.sp_observe import SPObserveMixin
 from spexis_sglang.srt.sp_records import SPLoopState
 from spexis_sglang.srt.sp_setup import SPSetupMixin
 from spexis_sglang.srt.sp_verify import SPVerifyMixin
+from spexis_sglang.srt.stage_link import link_name
 from spexis_sglang.srt.stats import (
     STOCK_PP_RANGE_METHODS,
     StockPPPhaseTimers,
@@ -288,9 +289,12 @@ class SpexisScheduler(
             ret.internal_state["spexis"] = self.stock_pp_timers.as_dict()
         if self.sp_gpu_timer is not None:
             ret.internal_state["spexis_gpu_forward_ms"] = self.sp_gpu_timer.as_dict()
+        if self.ps.pp_size > 1:
+            ret.internal_state["spexis_pp_link"] = link_name(getattr(self, "sp_link", None))
         state = ret.internal_state
         if "spexis" in state and self.ps.pp_rank > 0 and self.ps.tp_rank == 0:
             if rank_state_logging_enabled():  # this reply is dropped: log it instead
-                logged = {k: state[k] for k in ("spexis", "spexis_gpu_forward_ms") if k in state}
+                keys = ("spexis", "spexis_gpu_forward_ms", "spexis_pp_link")
+                logged = {k: state[k] for k in keys if k in state}
                 log_rank_state(f"pp rank {self.ps.pp_rank}", logged)
         return ret

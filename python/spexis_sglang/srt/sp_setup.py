@@ -200,13 +200,18 @@ class SPSetupMixin:
         return controller
 
     def _sp_open_link(self: SpexisScheduler):
-        """The link of the PP tensor messages, stock PP's and SP's alike (``stage_link``):
-        ``SPEXIS_PP_TRANSPORT=ipc`` with every PP rank on one GPU, through CUDA IPC;
-        ``packed`` with every PP rank on one host, one buffer a message; else None
-        (SGLang's transport)."""
+        """The link of the PP tensor messages, stock PP's and SP's alike (``stage_link``).
+
+        ``SPEXIS_PP_TRANSPORT=ipc``: every PP rank on one GPU, through CUDA IPC; ``packed``:
+        every PP rank on one host, one buffer a message; ``nccl``: SGLang's transport. Unset,
+        an SP server takes ``packed`` where it applies (one host, TP 1) and a plain server
+        keeps SGLang's; None means SGLang's."""
         transport = env_value(ENV_PP_TRANSPORT)
+        chosen = transport not in (None, "")
+        if not chosen:
+            transport = "packed" if self.sp_enabled else "nccl"
         if transport not in ("ipc", "packed"):
-            if transport not in (None, "", "nccl"):
+            if transport != "nccl":
                 logger.warning(
                     "%s=%s is none of ipc, packed, nccl: using SGLang's transport",
                     ENV_PP_TRANSPORT,
@@ -214,16 +219,17 @@ class SPSetupMixin:
                 )
             return None
         if self.ps.tp_size > 1 or get_parallel().enable_dp_attention:
-            logger.warning(
-                "%s=%s supports TP=1 without DP attention: using SGLang's transport",
-                ENV_PP_TRANSPORT,
-                transport,
-            )
+            if chosen:
+                logger.warning(
+                    "%s=%s supports TP=1 without DP attention: using SGLang's transport",
+                    ENV_PP_TRANSPORT,
+                    transport,
+                )
             return None
         from spexis_sglang.srt.stage_link import PackedLink, SameGpuLink, proxy_slot_bytes
 
         if transport == "packed":
-            return PackedLink.open(self.pp_group, self.req_to_token_pool.device)
+            return PackedLink.open(self.pp_group, self.req_to_token_pool.device, chosen)
         if not (share_gpu_mode() and torch.cuda.is_available() and torch.cuda.device_count() == 1):
             logger.warning("%s=ipc needs every PP rank on one GPU: using NCCL", ENV_PP_TRANSPORT)
             return None

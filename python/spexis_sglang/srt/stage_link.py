@@ -35,9 +35,11 @@ loopback sockets: 0.3-1.2 ms), but 130-260 us for small messages, where NCCL tak
 not profiled yet). Stock PP and Spexis use the same link on the same box, so their comparison
 stays fair.
 
-``SPEXIS_PP_TRANSPORT=packed`` (:class:`PackedLink`) keeps SGLang's device group for the bytes and
-drops the rest of its per-message cost: measured on the H100 box, stage 0's send and output
-receive 0.33-0.55 ms shorter an iteration over NCCL.
+:class:`PackedLink` keeps SGLang's device group for the bytes and drops the rest of its
+per-message cost: measured on the H100 box, stage 0's send and output receive 0.33-0.55 ms
+shorter an iteration over NCCL. An SP server uses it wherever it applies (every PP rank on one
+host, TP 1) unless ``SPEXIS_PP_TRANSPORT`` says otherwise; a plain PP server uses it only when
+``SPEXIS_PP_TRANSPORT=packed``.
 """
 
 from __future__ import annotations
@@ -283,9 +285,9 @@ PACKED_LINK_LOG_LINE = "Spexis packed PP link: one buffer a message over the dev
 
 
 class PackedLink:
-    """The PP link of one rank for stages on one host, on any devices
-    (``SPEXIS_PP_TRANSPORT=packed``): a message's layout over a local zmq pipe, its tensors as
-    one buffer in one send over the pipeline's device group.
+    """The PP link of one rank for stages on one host, on any devices (an SP server's default
+    there; ``SPEXIS_PP_TRANSPORT=packed`` for a plain one): a message's layout over a local zmq
+    pipe, its tensors as one buffer in one send over the pipeline's device group.
 
     SGLang sends a tensor dict as its pickled metadata over gloo (two socket messages, ~0.2 ms
     one way on a GPU host, against ~40 us for a zmq pipe) and then one NCCL send per tensor;
@@ -316,16 +318,17 @@ class PackedLink:
         self.sent = self.received = 0
 
     @classmethod
-    def open(cls, group, device) -> Optional["PackedLink"]:
-        """This rank's link, or None on every rank where the pipeline spans several hosts."""
+    def open(cls, group, device, asked: bool = True) -> Optional["PackedLink"]:
+        """This rank's link, or None on every rank where the pipeline spans several hosts
+        (a warning where the user ``asked`` for this link, else a note)."""
         import socket
 
         hosts: List[Any] = [None] * group.world_size
         torch.distributed.all_gather_object(hosts, socket.gethostname(), group=group.cpu_group)
         if len(set(hosts)) > 1:
-            logger.warning(
-                "SPEXIS_PP_TRANSPORT=packed needs every PP rank on one host (%s): using "
-                "SGLang's transport",
+            (logger.warning if asked else logger.info)(
+                "The packed PP link needs every PP rank on one host (%s): using SGLang's "
+                "transport",
                 ", ".join(sorted(set(hosts))),
             )
             return None
@@ -366,6 +369,14 @@ class PackedLink:
             torch.distributed.irecv(buf, src, group=self.comm_group).wait()
         self.received += 1
         return _unpack(layout, buf, copy=False)
+
+
+def link_name(link: Optional[Any]) -> str:
+    """What carries a rank's PP tensor messages: ``ipc`` (:class:`SameGpuLink`), ``packed``
+    (:class:`PackedLink`) or ``sglang`` (SGLang's own transport: no link of ours)."""
+    if link is None:
+        return "sglang"
+    return "ipc" if isinstance(link, SameGpuLink) else "packed"
 
 
 def proxy_slot_bytes(max_running_requests: int, hidden: int, dtype: torch.dtype) -> int:
