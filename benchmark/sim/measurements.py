@@ -150,5 +150,17 @@ COMMITTED = {
     "h100_pp1": [
         "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_pp1_h100.json",
         "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_input2048_pp1_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_pp1_draft_graph_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_two_thetas_pp1_h100.json",
+    ],
+    # the emulated box on an H100 (not an H200; the same emulation and IPC link), the same
+    # four calls of 2026-12-07, Llama-3.1-8B-shaped: stock PP2 at both micro-batch caps, and
+    # SP2 under --spexis-alpha auto where alpha stayed 0 for the whole point (its probes, a
+    # few iterations of B/N rows, are not simulated)
+    "box_h100": [
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_pp1_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_input2048_pp1_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_pp1_draft_graph_h100.json",
+        "benchmark/results/gpu/box_decode_llama-3.1-8b_ipc_alphaauto_two_thetas_pp1_h100.json",
     ],
 }

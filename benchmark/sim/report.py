@@ -86,6 +86,11 @@ def validation_tables(v: dict) -> str:
     for name, what in (
         ("qwen3_32b", "The Qwen3-32B shape on the box (no fit saw it)"),
         ("ipc", "The box with the same-GPU CUDA IPC link (no fit saw it but the link's probe)"),
+        (
+            "h100_box",
+            "The box on an H100 over the IPC link (the H200's correction and sharing model; "
+            "SP2: `auto` points whose alpha stayed 0, their probes not simulated)",
+        ),
     ):
         if f"{name}_sp2_points" in s:
             out.append(

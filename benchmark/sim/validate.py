@@ -8,7 +8,7 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
 
 1. ``h200_pp1``: stock PP=1 on one H200, graphs on (B=64 set the H200 correction when no
    per-stage timings were measured; with them, all three points validate).
-1b. ``h100_pp1``: stock PP=1 on one whole H100 (the anchor of two box calls, inputs 128 and
+1b. ``h100_pp1``: stock PP=1 on one whole H100 (the anchor of four box calls, inputs 128 and
    2,048), through the H200's correction, which the H100 borrows; points SGLang ran short of
    their batch are marked ``short_of_batch``. Reported, not in the H200 error bar.
 2. ``box``: the emulated two-GPU box with the old SP loop (2026-12-02; stage 0's host work
@@ -29,6 +29,10 @@ Sections (each point is marked ``fit`` when it was used to set a parameter):
 2d. ``box_ipc``: the same box, the stages linked through the same-GPU CUDA IPC link instead of
    NCCL over sockets (2026-12-05; stock PP2 four ways and SP2 at alpha 0, inputs 128 and
    2,048), simulated with that link as its probe measured it; every point validation.
+2e. ``box_h100``: the same box on an H100 over the IPC link (four calls of 2026-12-07): stock
+   PP2 at both micro-batch caps, and SP2 ``auto`` points whose alpha stayed 0 throughout,
+   simulated as SP2 at alpha 0 (their probes, a few iterations of B/N rows, are not); the
+   H100 borrows the H200's correction and MPS sharing model. Reported, not in the error bar.
 3. ``box_gemm_ratio``: the GEMM-only ideal SP2/PP2 ratio on the box beside the same ratio from
    AIConfigurator's GEMM tables under the MPS sharing model.
 4. ``real_2xh200_graphs_off``: the committed real 2 x H200 runs 3 (Qwen3-8B) and 4
@@ -77,7 +81,7 @@ QWEN = ROOT / "benchmark/gpu/configs/qwen3-8b"
 QWEN32 = ROOT / "benchmark/gpu/configs/qwen3-32b"
 TARGET = 0.10
 #: how a section's points name their run (``config``)
-SECTION_LABEL = {"box_new_loop": "new loop", "box_ipc": "IPC link"}
+SECTION_LABEL = {"box_new_loop": "new loop", "box_ipc": "IPC link", "box_h100": "H100 box"}
 
 
 def _point(section, config, batch, measured, simulated, role, **extra) -> dict:
@@ -261,19 +265,48 @@ def box_ipc(cal) -> tuple[list, list]:
     return _box_runs(cal, "box_ipc", M.COMMITTED["box_ipc"], "llama-3.1-8b", LLAMA, link="ipc_box")
 
 
+def box_h100(cal) -> tuple[list, list]:
+    """The box on an H100 over the IPC link: stock PP2 both ways, and SP2 ``auto`` points
+    whose alpha stayed 0 (as SP2 at alpha 0; their probes are not simulated)."""
+    return _box_runs(
+        cal,
+        "box_h100",
+        M.COMMITTED["box_h100"],
+        "llama-3.1-8b",
+        LLAMA,
+        link="ipc_box",
+        system="h100_sxm",
+        auto_at_zero=True,
+    )
+
+
+def _auto_stayed_at_zero(point: dict) -> bool:
+    """An ``auto`` point whose alpha was 0 from its first iteration to its last."""
+    long = (point.get("sp") or {}).get("long") or {}
+    return long.get("alpha_changes") == 0 and long.get("alpha_end") == 0.0
+
+
 def _box_runs(
-    cal, section: str, files: list, model: str, config_dir: Path, link: str = "loopback_box"
+    cal,
+    section: str,
+    files: list,
+    model: str,
+    config_dir: Path,
+    link: str = "loopback_box",
+    system: str = "h200_sxm",
+    auto_at_zero: bool = False,
 ) -> tuple[list, list]:
     """SP2 alpha-0 and stock PP2 points of the box runs in ``files`` beside the simulator.
 
     SP2 runs the overlapped loop (``LOOPS['overlap']``, host ``graphs_overlap``); stock PP2
     runs SGLang's loop (``graphs_serial``), at the point's micro-batch cap (SGLang's
     max_running / 2, or balanced B / 2: ``max_running`` = 2 x the cap) and async depth.
-    ``link``: the calibrated link between the stages.
+    ``link``: the calibrated link between the stages; ``system``: the GPU the box splits;
+    ``auto_at_zero``: SP2 ``auto`` points whose alpha stayed 0 count as SP2 at alpha 0.
     """
     kw = dict(link=link, sharing="mps_box", calibration=cal)
-    m_sp = machine_for(config_dir, "h200_sxm", tp=1, loop="overlap", **kw)
-    m_pp = machine_for(config_dir, "h200_sxm", tp=1, loop="serial", **kw)
+    m_sp = machine_for(config_dir, system, tp=1, loop="overlap", **kw)
+    m_pp = machine_for(config_dir, system, tp=1, loop="serial", **kw)
     memo: dict = {}
 
     def sim(key):
@@ -305,13 +338,18 @@ def _box_runs(
     for f, day, d in _box_files(files):
         for x in d["models"][model]["results"]:
             cfg, kind = x["config"], x["kind"]
-            if x.get("status") != "run" or kind not in ("pp", "sp") or "alphaauto" in cfg:
+            if x.get("status") != "run" or kind not in ("pp", "sp"):
+                continue
+            auto = "alphaauto" in cfg
+            if auto and not auto_at_zero:
                 continue
             for bt in x["batches"]:
                 b, il = bt["batch"], bt.get("input_len", d["input_len"])
+                if auto and not _auto_stayed_at_zero(bt):
+                    continue
                 if kind == "sp":
                     key = ("sp", x["theta_forced"], b, il, None, 0)
-                    label = cfg
+                    label = cfg + (" (alpha stayed 0)" if auto else "")
                 else:
                     cap = int(bt.get("pp_max_micro_batch_size") or 256)
                     depth = 1 if "async1" in cfg else 0
@@ -647,6 +685,7 @@ def plot(points: list, path: Path) -> None:
         "box_new_loop": "tab:green",
         "box_qwen3_32b": "tab:purple",
         "box_ipc": "tab:red",
+        "box_h100": "tab:olive",
         "real_2xh200_graphs_off": "tab:gray",
     }
     for sec, c in colors.items():
@@ -679,7 +718,7 @@ def plot(points: list, path: Path) -> None:
         if q["section"] in ("h200_pp1", "box")
         or (q["section"] == "h100_pp1" and q["role"] == "validation")
         or (
-            q["section"] in ("box_new_loop", "box_qwen3_32b", "box_ipc")
+            q["section"] in ("box_new_loop", "box_qwen3_32b", "box_ipc", "box_h100")
             and q["kind"] == "sp"
             and q["role"] != "kv_bound"
         )
@@ -694,7 +733,7 @@ def plot(points: list, path: Path) -> None:
         (
             "tab:gray"
             if q["role"] == "fit"
-            else {"box_qwen3_32b": "tab:purple", "box_ipc": "tab:red"}.get(
+            else {"box_qwen3_32b": "tab:purple", "box_ipc": "tab:red", "box_h100": "tab:olive"}.get(
                 q["section"], "tab:green"
             )
         )
@@ -708,7 +747,7 @@ def plot(points: list, path: Path) -> None:
     ax.set_ylabel("error, %")
     ax.set_title(
         "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop "
-        "(purple: Qwen3-32B; red: the same-GPU IPC link; grey: fit)"
+        "(purple: Qwen3-32B; red: the same-GPU IPC link; olive: the box on an H100; grey: fit)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -749,6 +788,8 @@ def main(argv=None) -> int:
     points += q32
     ipc, ipc_phases = box_ipc(cal)
     points += ipc
+    h100_box, _ = box_h100(cal)
+    points += h100_box
     logger.info("graphs-on sections done (%.0f s)", time.time() - t0)
     ratios = gemm_ratio(cal)
     if not args.skip_graphs_off:
@@ -803,6 +844,8 @@ def main(argv=None) -> int:
         ),
         "h100_pp1_errors": [p["error"] for p in h100 if p["role"] == "validation"],
         "h100_pp1_short_of_batch_points": sum(p["role"] == "short_of_batch" for p in h100),
+        # the box on an H100: another GPU (the H200's correction and MPS sharing, borrowed)
+        **_section_summary("h100_box", h100_box),
     }
     if off:
         summary.update(
@@ -831,6 +874,7 @@ def main(argv=None) -> int:
             "box_qwen3_32b": M.COMMITTED["box_qwen3_32b"],
             "box_ipc": M.COMMITTED["box_ipc"],
             "h100_pp1": M.COMMITTED["h100_pp1"],
+            "box_h100": M.COMMITTED["box_h100"],
             "mps_probe": M.MPS_PROBE_2026_12_02,
             "h200_pp1": M.H200_PP1_GRAPHS_2026_12_01,
             "aic_cli_pp1": M.AIC_CLI_PP1,
