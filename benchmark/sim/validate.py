@@ -746,8 +746,9 @@ def plot(points: list, path: Path) -> None:
     ax.set_xticklabels(labels, fontsize=5, rotation=90)
     ax.set_ylabel("error, %")
     ax.set_title(
-        "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop "
-        "(purple: Qwen3-32B; red: the same-GPU IPC link; olive: the box on an H100; grey: fit)"
+        "Graphs on: H200 PP=1, the box's old loop, SP2 with the new loop (purple: Qwen3-32B; "
+        "red: the same-GPU IPC link; olive: the box on an H100; grey: fit)",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
