@@ -175,6 +175,48 @@ def test_the_packed_link_delivers_every_message_intact_in_one_buffer():
     assert result["sent"] == result["received"] == 3
 
 
+def _unreachable_worker(rank: int, port: int, queue) -> None:
+    """Rank 0's pipe to rank 1 leads nowhere (as between containers that share a host name
+    but not a host): no rank may open the link."""
+    import torch.distributed as dist
+
+    from spexis_sglang.srt import stage_link
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "gpu"))
+    from transport_probe import _Group
+
+    stage_link.HELLO_TIMEOUT_MS = 1000
+    if rank == 0:
+        connect = stage_link._connected_push
+        stage_link._connected_push = lambda address: connect(address + "-elsewhere")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = _Group(rank, dist, dist.group.WORLD, dist.group.WORLD)
+        queue.put((rank, stage_link.PackedLink.open(group, "cpu") is None))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_the_packed_link_opens_nowhere_if_a_pipe_does_not_reach():
+    """One host name is no proof the local pipes reach; a rank that does not hear its
+    neighbour's hello makes every rank keep SGLang's transport (no rank left waiting)."""
+    import multiprocessing as mp
+
+    from spexis_sglang.testing import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_unreachable_worker, args=(r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(queue.get(timeout=5) for _ in procs) == [(0, True), (1, True)]
+
+
 def test_the_packed_link_names_its_gpu_by_index(monkeypatch):
     """The tensors to pack are told by their device: a link opened on "cuda" must compare
     equal to its tensors' "cuda:N" (else every tensor would go pickled in the layout)."""

@@ -282,6 +282,9 @@ class SameGpuLink:
 
 #: logged by every rank that opened a :class:`PackedLink`
 PACKED_LINK_LOG_LINE = "Spexis packed PP link: one buffer a message over the device group"
+#: the first message down each packed link's pipe, and how long a rank waits for its own
+_HELLO = b"spexis-packed-link-hello"
+HELLO_TIMEOUT_MS = 10_000
 
 
 class PackedLink:
@@ -319,8 +322,9 @@ class PackedLink:
 
     @classmethod
     def open(cls, group, device, asked: bool = True) -> Optional["PackedLink"]:
-        """This rank's link, or None on every rank where the pipeline spans several hosts
-        (a warning where the user ``asked`` for this link, else a note)."""
+        """This rank's link, or None on every rank where the pipeline spans several hosts or
+        its local pipes do not reach every rank (a warning where the user ``asked`` for this
+        link, else a note)."""
         import socket
 
         hosts: List[Any] = [None] * group.world_size
@@ -338,8 +342,31 @@ class PackedLink:
         for w in works:
             w.work.wait()
         link._layouts_out = _connected_push(next_address)
+        # One host name is not proof that the pipes reach (containers may share a name across
+        # hosts or network namespaces, where a layout sent would wait for ever): each rank
+        # says hello down its pipe, and the link opens only if every rank heard its own.
+        try:
+            link._layouts_out.send(_HELLO, zmq.NOBLOCK)
+        except zmq.Again:  # (no peer to queue it for: the next rank will not hear it)
+            pass
+        heard = bool(link._layouts_in.poll(HELLO_TIMEOUT_MS)) and link._layouts_in.recv() == _HELLO
+        every: List[Any] = [None] * group.world_size
+        torch.distributed.all_gather_object(every, heard, group=group.cpu_group)
+        if not all(every):
+            (logger.warning if asked else logger.info)(
+                "The packed PP link's local pipes do not reach every PP rank (ranks on one "
+                "host name but not one host?): using SGLang's transport"
+            )
+            link.close()
+            return None
         logger.info(PACKED_LINK_LOG_LINE)
         return link
+
+    def close(self) -> None:
+        """Close the pipes (a link not opened on every rank)."""
+        for sock in (self._layouts_in, self._layouts_out):
+            if sock is not None:
+                sock.close()
 
     def send(self, tensor_dict: Dict[str, Any]) -> List[P2PWork]:
         """Send ``tensor_dict`` to the next rank; returns the send (with the buffer it reads)
