@@ -110,6 +110,25 @@ def _messages():
     ]
 
 
+def _two_ranks(worker, results: int) -> list:
+    """Run ``worker(rank, port, queue)`` as ranks 0 and 1 of a gloo world (spawned
+    processes); both must exit cleanly; returns the ``results`` items they queued."""
+    import multiprocessing as mp
+
+    from spexis_sglang.testing import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    return [queue.get(timeout=5) for _ in range(results)]
+
+
 def _packed_worker(rank: int, port: int, queue) -> None:
     import torch.distributed as dist
 
@@ -156,20 +175,7 @@ def test_the_packed_link_delivers_every_message_intact_in_one_buffer():
     """``SPEXIS_PP_TRANSPORT=packed`` between two processes over gloo (a CPU server's PP):
     each message comes back equal, key for key and in order, and its tensors are views of
     the one buffer it was sent as (no copy out on the receiver)."""
-    import multiprocessing as mp
-
-    from spexis_sglang.testing import free_port
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_packed_worker, args=(r, port, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
-    result = queue.get(timeout=5)
+    (result,) = _two_ranks(_packed_worker, results=1)
     assert result["equal"] == [True, True, True]
     assert result["one_buffer"] is True
     assert result["sent"] == result["received"] == 3
@@ -201,20 +207,7 @@ def _unreachable_worker(rank: int, port: int, queue) -> None:
 def test_the_packed_link_opens_nowhere_if_a_pipe_does_not_reach():
     """One host name is no proof the local pipes reach; a rank that does not hear its
     neighbour's hello makes every rank keep SGLang's transport (no rank left waiting)."""
-    import multiprocessing as mp
-
-    from spexis_sglang.testing import free_port
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_unreachable_worker, args=(r, port, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
-    assert sorted(queue.get(timeout=5) for _ in procs) == [(0, True), (1, True)]
+    assert sorted(_two_ranks(_unreachable_worker, results=2)) == [(0, True), (1, True)]
 
 
 def test_the_packed_link_names_its_gpu_by_index(monkeypatch):
