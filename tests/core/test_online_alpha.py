@@ -343,6 +343,38 @@ def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:
     assert oa.latency().slope == pytest.approx(1.0 / 16, rel=0.1)
 
 
+def test_probes_go_straight_to_their_longest_period_where_alpha_one_is_far_behind() -> None:
+    """A flat stage (a probe's B/N rows take nearly B rows' time) prices alpha 1 far below
+    alpha 0 once probes have measured the slope: the next choice that keeps 0 sets the probe
+    period to explore_max at once, not through 16 and 32; where alpha 1 is close, the period
+    still doubles."""
+    flat = LatencyFit(intercept=2.0, slope=1e-4, identified=True)
+    oa = OnlineAlpha(N, explore=8, explore_max=64)
+    load = SyntheticLoad(5, flat)
+    periods = []
+    for _ in range(600):
+        load.step(oa, MATH)
+        periods.append(oa.probe_period)
+    assert oa.alpha == 0.0 and oa.probe_period == 64
+    assert set(periods) == {oa._probe_base, 64}
+    # a stage that grows with its rows: alpha 1 priced ~13 % below alpha 0 (drafts of one
+    # acceptance at every rank, so no alpha inside (0, 1) is better), the doubling stands
+    close = LatencyFit(intercept=0.9, slope=1.0 / 16, identified=True)
+    even = (0.7,) * 10
+    _, evaluated = choose_alpha(
+        N, B, RankAcceptanceProfile(even), close, ONLINE_ALPHA_GRID, model=oa.model
+    )
+    by_alpha = {round(c.alpha, 2): c.throughput for c in evaluated}
+    assert by_alpha[1.0] * 1.25 > by_alpha[0.0] == max(by_alpha.values())
+    oa = OnlineAlpha(N, explore=8, explore_max=64, initial=0.0)
+    load = SyntheticLoad(5, close)
+    periods = []
+    for _ in range(600):
+        load.step(oa, even)
+        periods.append(oa.probe_period)
+    assert oa.alpha == 0.0 and {16, 32, 64} <= set(periods)
+
+
 def test_probes_run_at_alpha_zero_only() -> None:
     oa = OnlineAlpha(N, interval=5, explore=4, initial=0.2)
     assert {oa.next_iteration(B) for _ in range(40)} == {0.2, 0.0}
