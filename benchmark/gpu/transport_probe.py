@@ -69,9 +69,7 @@ def worker(rank: int, mode: str, port: int, gpus: int, repeats: int, queue) -> N
         os.environ.setdefault("NCCL_IB_DISABLE", "1")
     if os.environ.get("SPEXIS_SHARE_GPU") == "mps":
         os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
-    if mode == "gloo_lo" or mode == "ipc":
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    if mode.startswith("dict_"):
+    if mode in ("gloo_lo", "ipc") or mode.startswith("dict_"):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.cuda.set_device(rank % gpus)
     backend = "nccl" if mode == "nccl" or mode.startswith("dict_") else "gloo"

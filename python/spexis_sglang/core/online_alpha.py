@@ -69,11 +69,12 @@ starts at ``max(explore, 4 * probe_length)`` and doubles at each choice that kee
 0, up to ``explore_max``; any other choice resets it. Where the measured fit prices alpha 1 at
 least ``PROBE_FAR_MARGIN`` below alpha 0 (a stage far from proportional: small batches, where a
 probe's B/N rows take nearly B rows' time), the period goes to ``explore_max`` at once: on the
-emulated box at B <= 64 the doubling spent ~8 % of the iterations in probes, ~4 % of the rate. A due explore iteration waits for a probe
-to end. A probe launches no observed drafts (the caller observes explore iterations only), and
-its drafts are held, not lost. Alternatives considered: keeping a random share of the would-be
-drops in every iteration (spreads the same cost but needs a random source and gives no row
-spread); extrapolating the profile below the cut (unsafe exactly when the workload shifts).
+emulated box at B <= 64 the doubling spent ~8 % of the iterations in probes, ~4 % of the rate.
+A due explore iteration waits for a probe to end. A probe launches no observed drafts (the
+caller observes explore iterations only), and its drafts are held, not lost. Alternatives
+considered: keeping a random share of the would-be drops in every iteration (spreads the same
+cost but needs a random source and gives no row spread); extrapolating the profile below the
+cut (unsafe exactly when the workload shifts).
 
 Estimates
 ---------

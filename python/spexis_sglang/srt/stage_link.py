@@ -128,6 +128,9 @@ class SameGpuLink:
     ``device_group``).
     """
 
+    #: what ``/server_info`` calls this link (:func:`link_name`)
+    name = "ipc"
+
     def __init__(self, group, slot_bytes: int, slots: int) -> None:
         self.group = group  # SGLang's GroupCoordinator of the pipeline
         self.slot_bytes = _aligned(int(slot_bytes))  # (every slot starts aligned)
@@ -305,6 +308,9 @@ class PackedLink:
     on every rank unless all of them are on one host (the pipes are local).
     """
 
+    #: what ``/server_info`` calls this link (:func:`link_name`)
+    name = "packed"
+
     def __init__(self, group, device) -> None:
         self.group = group  # SGLang's GroupCoordinator of the pipeline
         self.device = torch.device(device)
@@ -401,9 +407,7 @@ class PackedLink:
 def link_name(link: Optional[Any]) -> str:
     """What carries a rank's PP tensor messages: ``ipc`` (:class:`SameGpuLink`), ``packed``
     (:class:`PackedLink`) or ``sglang`` (SGLang's own transport: no link of ours)."""
-    if link is None:
-        return "sglang"
-    return "ipc" if isinstance(link, SameGpuLink) else "packed"
+    return "sglang" if link is None else link.name
 
 
 def proxy_slot_bytes(max_running_requests: int, hidden: int, dtype: torch.dtype) -> int:
