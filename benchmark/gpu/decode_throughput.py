@@ -21,6 +21,12 @@ For every model and every configuration the machine can hold, this starts one
   its decode iterations, which inflates both rates: ``--repeats 3`` takes the median pair;
   with one pair, a point whose two rates differ by more than 10 % is measured once more and
   the pair whose rates agree best stands);
+* where stage 0 reports its counters (SP; stock PP under ``SPEXIS_PHASE_TIMERS=1``), the
+  steady-state rate ``steady_tok_s``: stage 0's tokens over the wall time between two of its
+  ``/server_info`` polls (every ``--steady-poll-s``) during the long run, from the first after
+  the short run's length to the last while every request still ran, so neither run's end
+  counts (under forced acceptance SP's requests finish over several iterations, stock's on
+  one step; the wall-clock difference charges SP for that spread);
 * per-iteration latency in the planner's profile format (``benchmark/profiles/README.md``):
   PP=1 and TP=N: ``[B, T_step]`` (one forward pass); stock PP=N: ``[B/N, T_step/N]`` (a
   decode step of a request is N stage intervals of micro-batches of B/N; where SGLang's cap
@@ -49,6 +55,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -316,11 +323,15 @@ def one_run(
     theta: Optional[float] = None,
     snapshots: Optional[List[List[float]]] = None,
     gpu_states: Optional[List[Optional[Dict[str, list]]]] = None,
+    polls: Optional[List[Tuple[float, Dict[str, Any]]]] = None,
+    poll_s: float = 0.0,
 ) -> Tuple[float, Optional[Dict[str, Any]], List[int]]:
     """B fresh random prompts (no radix-cache reuse between runs), one /generate call.
     ``snapshots``: gets the wall-clock span of the ``/server_info`` call before and after it
     (what pairs a later stage's logged state with them, :func:`later_stage_phases`);
-    ``gpu_states``: stage 0's GPU timers (``SPEXIS_GPU_TIMERS``) in those two answers."""
+    ``gpu_states``: stage 0's GPU timers (``SPEXIS_GPU_TIMERS``) in those two answers;
+    ``polls``: with ``poll_s``, stage 0's counters every ``poll_s`` seconds while the call
+    runs, as ``(seconds since it began, counters)`` (:func:`steady_rate`)."""
     hi = min(vocab, 32000)
     prompts = [[rng.randrange(100, hi) for _ in range(in_len)] for _ in range(batch)]
     sampling: Dict[str, Any] = {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True}
@@ -332,8 +343,13 @@ def one_run(
     before = before_state["spexis"]
     t1 = time.time()
     t = time.perf_counter()
-    out = srv.generate(body, timeout=timeout)
-    dt = time.perf_counter() - t
+    poller = _Poller(srv, t, poll_s, polls) if polls is not None and poll_s > 0 else None
+    try:
+        out = srv.generate(body, timeout=timeout)
+    finally:
+        dt = time.perf_counter() - t
+        if poller is not None:
+            poller.stop()
     t2 = time.time()
     after_state = server_state(srv)
     after = after_state["spexis"]
@@ -363,6 +379,72 @@ def one_run(
     if bad:
         raise RuntimeError(f"request aborted: {bad[0]['meta_info']['finish_reason']}")
     return dt, delta, lens
+
+
+class _Poller:
+    """Stage 0's counters (``/server_info``) every ``poll_s`` seconds on a thread, each as
+    ``(seconds since t0 at the middle of the call, counters)``, until :meth:`stop`."""
+
+    def __init__(
+        self, srv: Server, t0: float, poll_s: float, out: List[Tuple[float, Dict[str, Any]]]
+    ) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(srv, t0, poll_s, out))
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self, srv: Server, t0: float, poll_s: float, out: list) -> None:
+        while not self._stop.wait(poll_s):
+            a = time.perf_counter()
+            try:
+                state = server_state(srv)["spexis"]
+            except Exception:  # the run's own call reports a dead server
+                return
+            if state and not self._stop.is_set():
+                out.append(((a + time.perf_counter()) / 2 - t0, state))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+#: a steady-state window shorter than this (seconds) gives no rate: a poll's own timing
+#: (~1 ms either side) would weigh more than 1 % in it
+STEADY_MIN_WINDOW_S = 0.3
+
+
+def steady_rate(
+    polls: List[Tuple[float, Dict[str, Any]]], kind: str, batch: int, after_s: float
+) -> Optional[Dict[str, Any]]:
+    """Decode tokens per second while every one of the run's ``batch`` requests was running:
+    stage 0's tokens between the first poll after ``after_s`` (the short run's length: every
+    prefill done) and the last poll before the first request finished, over the wall time
+    between the two polls. SP: committed tokens, and its ``running_requests`` gauge says
+    which polls had every request running; stock PP: decode rows launched (one token each),
+    every request finishing within a step of the others, so the last poll is left out.
+
+    The wall-clock rate (two runs' difference) also charges a run's end: under forced
+    acceptance SP commits a random number of tokens a row, its requests finish over several
+    iterations while stock's finish on one step, and the long run's spread is the wider.
+    This window leaves every run's end out, the same way for both."""
+    if kind == "sp":
+        key = "tokens_committed"
+        full = [(t, st) for t, st in polls if st.get("running_requests") == batch]
+    elif kind == "pp":
+        key, full = "decode_rows", polls[:-1]
+    else:
+        return None
+    full = [(t, st) for t, st in full if t >= after_s and key in st]
+    if len(full) < 2:
+        return None
+    (t_a, a), (t_b, b) = full[0], full[-1]
+    if t_b - t_a < STEADY_MIN_WINDOW_S or b[key] <= a[key]:
+        return None
+    return {
+        "tok_s": (b[key] - a[key]) / (t_b - t_a),
+        "window_s": round(t_b - t_a, 4),
+        "polls": len(full),
+    }
 
 
 def phase_ms_per_iteration(
@@ -406,10 +488,11 @@ def measure_batch(
     def measure_pair() -> Dict[str, Any]:
         snapshots: List[List[float]] = []
         gpu: List[Optional[Dict[str, list]]] = []
+        polls: List[Tuple[float, Dict[str, Any]]] = []
         run = (srv, rng, batch, in_len)
         opts = (vocab, a.request_timeout, theta, snapshots, gpu)
         t_s, d_s, lens_s = one_run(*run, a.short_output_len, *opts)
-        t_l, d_l, lens_l = one_run(*run, a.output_len, *opts)
+        t_l, d_l, lens_l = one_run(*run, a.output_len, *opts, polls, a.steady_poll_s)
         steps = a.output_len - a.short_output_len
         t_step = (t_l - t_s) / steps
         rec: Dict[str, Any] = {
@@ -456,6 +539,11 @@ def measure_batch(
                 "phase_ms_per_iteration": phase_ms_per_iteration(d_s, d_l),
             }
         rec["counter_tok_s"] = counter_tok_s(rec, cfg["kind"], n, async_depth(cfg))
+        steady = steady_rate(polls, cfg["kind"], batch, t_s)
+        if steady is not None:  # every request running, the runs' ends left out
+            rec["steady_tok_s"] = round(steady["tok_s"], 2)
+            rec["steady_window_s"] = steady["window_s"]
+            rec["steady_polls"] = steady["polls"]
         # a phase that took less time over the long run than over the short one: the short
         # run stalled inside its decode iterations (seen: 0.9 s in stage 0's wait for the
         # last stage), which inflates both rates
@@ -1139,6 +1227,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--torch-profile-steps", type=int, default=30)
     p.add_argument("--min-server-s", type=float, default=120)
     p.add_argument("--min-batch-s", type=float, default=15)
+    p.add_argument(
+        "--steady-poll-s",
+        type=float,
+        default=0.25,
+        help="poll stage 0's counters this often during each long run for the steady-state "
+        "rate (steady_tok_s: every request running, the runs' ends left out); 0: off",
+    )
     p.add_argument(
         "--repeats",
         type=int,

@@ -26,7 +26,10 @@ T(B) at α 0, B / ((N − Θ(N−1)) · T(B)) tokens per second; ``ceiling_over_
 stock's measured best (where SP could get to, on this machine, against what stock did) and
 ``of_ceiling`` is SP's measured rate over it (what its host work, bubbles and α left).
 
-Rates are wall-clock (two runs' time difference over their extra steps). Where a point's wall
+Rates are wall-clock (two runs' time difference over their extra steps); where both points
+have it, ``sp_over_pp_steady`` sets their steady-state rates side by side (stage 0's tokens
+while every request ran, each run's end left out: SP's requests finish over several
+iterations under forced acceptance, stock's on one step). Where a point's wall
 rate and its own counter rate differ by more than 10 % (one of its runs paid a one-time cost),
 the row compares counter rates instead (``ratio_source``: ``counters``; the wall ratio stays
 in ``sp_over_pp_wall``). A point whose server cannot hold all B requests at once (KV pool or
@@ -160,6 +163,11 @@ def compare_rates(
         sp_over_pp=round(wall_ratio, 3),
         ratio_source="wall",
     )
+    steady = {k: v.get("steady_tok_s") for k, v in pp_points.items()}
+    if sp_point.get("steady_tok_s") and all(steady.values()):
+        # every request running, each run's end left out (decode_throughput.steady_rate)
+        steady_best = max(steady, key=steady.get)
+        row["sp_over_pp_steady"] = round(sp_point["steady_tok_s"] / steady[steady_best], 3)
     sp_c = counter_tok_s(sp_point, "sp", n)
     pp_c = {k: counter_tok_s(v, "pp", n, async_depth(pp_results[k])) for k, v in pp_points.items()}
     pp_c = {k: v for k, v in pp_c.items() if v}
@@ -304,7 +312,7 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
     head = (
         f"{'model':<14} {'config':<34} {'in':>5} {'B':>4} {'theta':>5} {'SP tok/s':>9} "
         f"{'PP best':>9} {'SP/PP':>7} {'ideal':>6} {'of id.':>6} {'T(B/N)':>7} {'T(B)':>7} "
-        f"{'it/gpu':>6} {'ctr':>6} {'ceil/PP':>7} {'of ceil':>7}"
+        f"{'it/gpu':>6} {'ctr':>6} {'steady':>6} {'ceil/PP':>7} {'of ceil':>7}"
     )
     print(head)
     for r in rows:
@@ -320,7 +328,7 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
             f"{f('sp_over_pp')}{mark} {f('ideal'):>6} {f('of_ideal'):>6} "
             f"{f('stage_ms_pp', '{:.2f}'):>7} {f('stage_ms_sp', '{:.2f}'):>7} "
             f"{f('iter_over_gpu', '{:.2f}'):>6} {f('sp_over_pp_counters'):>6} "
-            f"{f('ceiling_over_pp'):>7} {f('of_ceiling'):>7}"
+            f"{f('sp_over_pp_steady'):>6} {f('ceiling_over_pp'):>7} {f('of_ceiling'):>7}"
         )
     if any(r.get("ratio_source") == "counters" for r in rows):
         print(

@@ -58,3 +58,48 @@ def test_no_rate_without_decode_timers_or_iterations() -> None:
     assert (
         counter_tok_s({"batch": 64, "stock_phase_ms_per_iteration": {"busy": 5}}, "tp", 2) is None
     )
+
+
+# -- the steady-state rate: every request running, each run's end left out ----------------
+
+
+def sp_polls(batch: int, finish_at: float, rate: float, every: float = 0.25) -> list:
+    """Stage 0's SP counters polled during a long run: ``rate`` tokens/s while all ``batch``
+    requests run, then the requests finishing one by one (a random number of tokens a row under
+    forced acceptance) at a quarter of the rate."""
+    polls, tokens, t = [], 0.0, every
+    while t < finish_at + 1.0:
+        running = batch if t < finish_at else max(1, batch - int(4 * (t - finish_at) * batch))
+        tokens += (rate if running == batch else rate / 4) * every
+        polls.append((t, {"tokens_committed": int(tokens), "running_requests": running}))
+        t += every
+    return polls
+
+
+def test_sp_steady_rate_leaves_out_the_requests_staggered_finish() -> None:
+    polls = sp_polls(batch=16, finish_at=2.9, rate=2000.0)
+    got = decode_throughput.steady_rate(polls, "sp", 16, after_s=0.6)
+    assert got["tok_s"] == pytest.approx(2000.0, rel=0.01)
+    # from the first poll after the short run's length to the last with all 16 running
+    assert got["window_s"] == pytest.approx(2.75 - 0.75)
+    assert got["polls"] == 9
+    # the same polls through to the last read the finishing tail too: well below the rate
+    (t_a, a), (t_b, b) = polls[2], polls[-1]
+    assert b["tokens_committed"] - a["tokens_committed"] < 0.8 * 2000.0 * (t_b - t_a)
+
+
+def test_stock_steady_rate_counts_decode_rows_and_drops_the_last_poll() -> None:
+    polls = [(0.25 * k, {"decode_rows": 32 * 100 * k}) for k in range(1, 13)]
+    polls[-1][1]["decode_rows"] += 5000  # a poll inside the run's last steps: left out
+    got = decode_throughput.steady_rate(polls, "pp", 64, after_s=0.5)
+    assert got["tok_s"] == pytest.approx(3200 / 0.25)
+    assert got["polls"] == 10
+
+
+def test_no_steady_rate_without_a_window_or_a_gauge() -> None:
+    polls = sp_polls(batch=16, finish_at=2.9, rate=2000.0)
+    assert decode_throughput.steady_rate(polls, "sp", 32, after_s=0.6) is None  # never all 32
+    assert decode_throughput.steady_rate(polls, "sp", 16, after_s=2.7) is None  # window too short
+    no_gauge = [(t, {"tokens_committed": st["tokens_committed"]}) for t, st in polls]
+    assert decode_throughput.steady_rate(no_gauge, "sp", 16, after_s=0.6) is None
+    assert decode_throughput.steady_rate(polls, "tp", 16, after_s=0.6) is None

@@ -89,6 +89,18 @@ def test_the_ratio_from_counters_sits_beside_the_wall_clock_one():
     assert "sp_over_pp_counters" not in pipeline_ratio.compare(summary)[0]
 
 
+def test_the_steady_state_ratio_sets_the_best_steady_stock_point_against_sp():
+    summary = _summary()
+    results = summary["models"]["m"]["results"]
+    for res, steady in zip(results, (1900.0, 1400.0, 2400.0, 3100.0)):
+        res["batches"][0]["steady_tok_s"] = steady
+    (row,) = pipeline_ratio.compare(summary)
+    assert row["sp_over_pp_steady"] == pytest.approx(3100 / 2400, abs=1e-3)
+    assert row["sp_over_pp"] == pytest.approx(3000 / 2500, abs=1e-3)  # the wall ratio stays
+    del results[1]["batches"][0]["steady_tok_s"]  # a stock point without one: no ratio
+    assert "sp_over_pp_steady" not in pipeline_ratio.compare(summary)[0]
+
+
 def test_a_wall_rate_off_its_counters_hands_the_comparison_to_the_counters():
     """A short run that paid a one-time cost makes the two runs' difference too small: the
     wall rate reads far above the counters' (seen at B = 512: 1.87x). Within 10 % the wall

@@ -235,7 +235,9 @@ def test_stat_deltas_count_every_counter_and_no_gauge():
     phases.mark("schedule")
     phases.commit()
     delta = stat_deltas(before, spexis_state(stats, phases))
-    assert set(STAT_GAUGES) == {"alpha", "new_token_ratio"} and not set(STAT_GAUGES) & set(delta)
+    assert set(STAT_GAUGES) == {"alpha", "new_token_ratio", "running_requests"} and not set(
+        STAT_GAUGES
+    ) & set(delta)
     ints = {k: v for k, v in delta.items() if not k.endswith("_s")}
     assert ints.pop("decode_timed_iterations") == 0  # the iteration was not marked decode-only
     assert ints == {k: 2 for k in stats.__dataclass_fields__ if k not in STAT_GAUGES}

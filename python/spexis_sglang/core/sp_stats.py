@@ -80,6 +80,9 @@ class SPStats:
     new_token_ratio: float = _gauge()
     #: decode rows the length predictor said end within 64 tokens
     rows_predicted_ending: int = 0
+    #: requests decoding under SP when the latest decode batch was built (a benchmark reads
+    #: its steady state as the span where every request it sent is still running)
+    running_requests: int = _gauge(0)
 
     # -- forwards (the scheduler) -----------------------------------------------------------
     #: this rank's decode forwards replayed from a captured CUDA graph

@@ -117,7 +117,9 @@ class SPBatchMixin:
         if not sp.running.reqs:
             return None
         patchable = sp.patchable if transit is not None else None
-        rows = sp.slots.next_rows(self._sp_running_slots(), patchable)
+        running = self._sp_running_slots()
+        sp.stats.running_requests = running.shape[0]
+        rows = sp.slots.next_rows(running, patchable)
         rows = self.sp_apply_selection(rows, plan_in, plan_out, pipelined=transit is not None)
         retractions = sp.stats.retractions
         rows = self.sp_fit_memory(rows)
