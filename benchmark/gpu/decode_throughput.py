@@ -666,18 +666,31 @@ def profile_point(
     return summary
 
 
+def running_cap(cfg: Dict[str, Any], a: argparse.Namespace) -> int:
+    """A server's ``--max-running-requests``: one more than the largest B (at exactly B,
+    SGLang's PP=1 admission left the chunked prefill's last request waiting and decoded it
+    alone after the other B - 1: an H100 box, B = 64 and 256; reproduced on CPU), N times that
+    for stock PP=N, whose micro-batch cap SGLang bounds by it over N: so that its one
+    micro-batch schedule holds every B of the call (a call up to B = 64 with a cap of 65 ran
+    stock at B = 64 only in two micro-batches of 32)."""
+    n = cfg["n"] if cfg["kind"] == "pp" else 1
+    return n * (max(a.batches) + 1)
+
+
 def set_micro_batch_cap(
     srv: Server, cfg: Dict[str, Any], variant: Dict[str, Any], batch: int, a: argparse.Namespace
 ) -> Optional[int]:
     """Stock PP=N's micro-batch cap for this point, through SGLang's own runtime knob:
     ``balanced``: B/N, so every stage interval carries B/N rows; ``sglang``: SGLang's default
-    (max running requests / N), where one prefill chunk can admit a whole small batch into the
-    first micro-batch and leave the others empty. The better of the two is stock PP's best."""
+    (max running requests / N, the server's cap being N times the largest B: every B of the
+    call fits one micro-batch), where one prefill chunk can admit a whole small batch into
+    the first micro-batch and leave the others empty, the stages taking turns. The better of
+    the two is stock PP's best."""
     n = cfg["n"]
     micro_mode = variant.get("micro")
     if cfg["kind"] != "pp" or n < 2 or not micro_mode:
         return None
-    micro = max(1, batch // n) if micro_mode == "balanced" else max(1, max(a.batches) // n)
+    micro = max(1, batch // n) if micro_mode == "balanced" else running_cap(cfg, a) // n
     reply = srv.post_json(
         "/set_internal_state",
         {"server_args": {"pp_max_micro_batch_size": micro}},
@@ -724,11 +737,8 @@ def run_config(
         a.dtype,
         "--context-length",
         str(a.context_length),
-        # one more than the largest B: at exactly B, SGLang's PP=1 admission left the chunked
-        # prefill's last request waiting and decoded it alone after the other B - 1 (an H100
-        # box, B = 64 and 256; reproduced on CPU), so the point was no rate at B
         "--max-running-requests",
-        str(max(a.batches) + 1),
+        str(running_cap(cfg, a)),
         *cfg["args"],
     ]
     if not a.local_cpu:

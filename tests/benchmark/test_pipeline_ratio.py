@@ -273,11 +273,14 @@ class _FakeServer:
         return self.reply
 
 
-@pytest.mark.parametrize("micro,expected", [("balanced", 32), ("sglang", 256)])
+@pytest.mark.parametrize("micro,expected", [("balanced", 32), ("sglang", 513)])
 def test_micro_batch_cap_per_point(micro, expected):
     srv = _FakeServer([True])
     a = argparse.Namespace(batches=[16, 64, 512], request_timeout=5)
     cfg = {"kind": "pp", "n": 2}
+    # SGLang's cap is at most the server's running cap over N: one micro-batch holds any B
+    assert decode_throughput.running_cap(cfg, a) == 1026
+    assert decode_throughput.running_cap({"kind": "sp", "n": 2}, a) == 513
     got = decode_throughput.set_micro_batch_cap(srv, cfg, {"micro": micro}, 64, a)
     assert got == expected
     assert srv.sent == [
