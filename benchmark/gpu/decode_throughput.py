@@ -630,8 +630,6 @@ def profile_point(
     A batch of ``3 * --output-len`` new tokens runs in the background; the profile starts
     once its prefill is surely over (the point's short run's time) and each rank stops it
     itself after the steps (SGLang's ``num_steps``), writing its trace before going on."""
-    import threading
-
     import requests
     from timeline import summarise  # benchmark/gpu/timeline.py, beside this script
 

@@ -712,16 +712,15 @@ def plot(points: list, path: Path) -> None:
     ax.set_title("Simulator vs measurement (band: +-10 %)")
     ax.legend(fontsize=7)
     ax = axes[1]
+    # the bars: every PP=1 and old-loop point, and the SP points of the new loop's sections
+    # (in their scatter colour; the others green)
+    sp_sections = ("box_new_loop", "box_qwen3_32b", "box_ipc", "box_h100")
     p = [
         q
         for q in points
         if q["section"] in ("h200_pp1", "box")
         or (q["section"] == "h100_pp1" and q["role"] == "validation")
-        or (
-            q["section"] in ("box_new_loop", "box_qwen3_32b", "box_ipc", "box_h100")
-            and q["kind"] == "sp"
-            and q["role"] != "kv_bound"
-        )
+        or (q["section"] in sp_sections and q["kind"] == "sp" and q["role"] != "kv_bound")
     ]
     labels = [
         f"{q['config'].replace('spexis_', '').replace('sglang_', '').replace('new loop, ', '')}"
@@ -733,9 +732,7 @@ def plot(points: list, path: Path) -> None:
         (
             "tab:gray"
             if q["role"] == "fit"
-            else {"box_qwen3_32b": "tab:purple", "box_ipc": "tab:red", "box_h100": "tab:olive"}.get(
-                q["section"], "tab:green"
-            )
+            else colors[q["section"]] if q["section"] in sp_sections else "tab:green"
         )
         for q in p
     ]
