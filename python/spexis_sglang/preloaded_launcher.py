@@ -47,7 +47,13 @@ SERVER_MODULES = ("sglang.srt.entrypoints.http_server", "spexis_sglang.srt.launc
 # environment variables a forked server may have of its own: read only by modules the launcher
 # has not imported (it checks), so the fork reads its own value as a new process would.
 # SGLANG_DISABLED_MODEL_ARCHS: read when SGLang's model registry is imported, at model load.
-LATE_READ_ENV = {"SGLANG_DISABLED_MODEL_ARCHS": "sglang.srt.models.registry"}
+# PYTEST_CURRENT_TEST (None: no module reads it): pytest sets it to each test's name, so
+# compared, it kept every server of a test suite but those of the launcher's first test from
+# being forked.
+LATE_READ_ENV = {
+    "SGLANG_DISABLED_MODEL_ARCHS": "sglang.srt.models.registry",
+    "PYTEST_CURRENT_TEST": None,
+}
 # how long the launcher waits for its servers to end on SIGTERM before it kills them
 STOP_WAIT_S = 30.0
 
@@ -280,7 +286,9 @@ def main(modules: List[str]) -> int:
         single_threaded_torch()
     for name in modules:
         importlib.import_module(name)
-    late_read = [k for k, reader in LATE_READ_ENV.items() if reader not in sys.modules]
+    late_read = [
+        k for k, reader in LATE_READ_ENV.items() if reader is None or reader not in sys.modules
+    ]
     replies.write(json.dumps({"pid": os.getpid(), "late_read": late_read}) + "\n")
     children: Dict[int, Optional[int]] = {}
     for line in sys.stdin:

@@ -116,9 +116,11 @@ def test_a_preloaded_launcher_forks_servers_that_run_as_python_m(tmp_path):
     env = _stub_env(tmp_path, MODE="exit")
     launcher = PreloadedLauncher(env, modules=["json"])
     try:
-        assert launcher.late_read == {"SGLANG_DISABLED_MODEL_ARCHS"}
+        assert launcher.late_read == {"SGLANG_DISABLED_MODEL_ARCHS", "PYTEST_CURRENT_TEST"}
         own = {**env, "SGLANG_DISABLED_MODEL_ARCHS": "gemma3,qwen2"}
         assert launcher.serves(own, os.getcwd())
+        # pytest names the running test in the environment: another test's server is served
+        assert launcher.serves({**own, "PYTEST_CURRENT_TEST": "another (call)"}, os.getcwd())
         assert not launcher.serves(_stub_env(tmp_path, MODE="other"), os.getcwd())
         assert not launcher.serves(env, str(tmp_path))
         logs, procs = [], []
@@ -171,8 +173,11 @@ def test_server_process_forks_from_the_preloaded_launcher_when_its_environment_m
         other.stop()
         forked.stop()
         assert not forked.alive() and forked.proc.returncode == -signal.SIGTERM
+        # a later test (pytest renames it in the environment) still forks its servers
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/another.py::test_next (call)")
         left = ServerProcess([], module="forked_server", die_with_parent=True, preloaded=True)
         left.wait_ready(timeout=30)
+        assert psutil.Process(left.proc.pid).ppid() == launcher.pid
     finally:
         launcher.close()
     assert not psutil.pid_exists(left.proc.pid)
