@@ -244,3 +244,46 @@ def test_stat_deltas_count_every_counter_and_no_gauge():
     assert delta["cpu_busy_s"] >= 0 and "time_schedule_s" in delta
     # derived ratios are not counters
     assert "acceptance_rate" not in delta and "effective_batch_ratio" not in delta
+
+
+class _FakeEvent:
+    """A CUDA event that records the stream it was recorded on; done at once."""
+
+    def __init__(self, clock: list) -> None:
+        self.clock, self.stream, self.at = clock, "unrecorded", None
+
+    def record(self, stream=None) -> None:
+        self.stream, self.at = stream, self.clock[0]
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        return end.at - self.at
+
+
+def test_gpu_timer_spans_a_forward_on_the_stream_it_runs_on():
+    """Under SGLang's overlap scheduler (PP=1) a forward runs on the scheduler's forward
+    stream: both events of its span go there (on the current stream they bracketed ~1.1 ms
+    of a 10-25 ms forward); without overlap (every PP server) on the current stream."""
+    from spexis_sglang.srt.sp_scheduler import SpexisScheduler
+    from spexis_sglang.srt.stats import GpuForwardTimer
+
+    timer = GpuForwardTimer.__new__(GpuForwardTimer)
+    clock = [0.0]
+    timer._torch = SimpleNamespace(cuda=SimpleNamespace(Event=lambda **_: _FakeEvent(clock)))
+    timer.label, timer.log_every_s, timer.totals = "pp rank 0", 1e9, {}
+    timer._pending, timer._free, timer._logged, timer._changed = [], [], time.monotonic(), False
+    forward = object()
+    overlap = SimpleNamespace(enable_overlap=True, forward_stream=forward)
+    plain = SimpleNamespace(enable_overlap=False, forward_stream=object())
+    assert SpexisScheduler.sp_forward_stream(overlap) is forward
+    assert SpexisScheduler.sp_forward_stream(plain) is None
+    for scheduler, ms in ((overlap, 12.5), (plain, 4.0)):
+        stream = SpexisScheduler.sp_forward_stream(scheduler)
+        start = timer.start(stream)
+        clock[0] += ms
+        timer.stop(start, 16, 16 * 100, stream)
+        assert [e.stream for e in timer._pending[-1][1:]] == [stream, stream]
+        timer.poll()
+    assert timer.as_dict() == {"16@64": [2, pytest.approx((12.5 + 4.0) / 2)]}

@@ -276,6 +276,8 @@ SCHEDULER_STATE: Tuple[str, ...] = (
     "copy_stream",
     "copy_stream_ctx",
     "forward_stream_ctx",
+    "forward_stream",
+    "enable_overlap",
     "schedule_stream",
     "device_module",
     "pp_group",

@@ -209,7 +209,8 @@ class SpexisScheduler(
         timed = timer is not None and batch.forward_mode.is_decode()
         if timed:
             timer.poll()
-            start = timer.start()
+            stream = self.sp_forward_stream()
+            start = timer.start(stream)
         record = self.sp.record(batch) if self.sp is not None else None
         has_rows = record is not None and record.has_rows
         if has_rows:
@@ -227,8 +228,13 @@ class SpexisScheduler(
             if has_rows:
                 self._sp_start_draft_readback(batch, result)
         if timed:
-            timer.stop(start, len(batch.reqs), batch.seq_lens_sum)
+            timer.stop(start, len(batch.reqs), batch.seq_lens_sum, stream)
         return result
+
+    def sp_forward_stream(self):
+        """The stream SGLang runs a batch's forward on, where it is not the current one:
+        the overlap scheduler's forward stream (PP=1 stock servers); None otherwise."""
+        return self.forward_stream if getattr(self, "enable_overlap", False) else None
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
