@@ -315,16 +315,17 @@ def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:
     """At alpha 0 with a steady batch every iteration carries the same rows, so the latency fit
     sees no spread: only the probe iterations (alpha 1, B/N rows) can show it a stage whose
     time has turned proportional to its rows (the batch grew compute-bound). Alpha must then
-    leave 0 for 1 (or as good as 1). While alpha 0 stands the probes back off to one in
-    explore_max."""
+    leave 0 for 1 (or as good as 1). While alpha 0 stands, far ahead of 1, the probes back off
+    to one in PROBE_FAR_PERIODS * explore_max."""
     flat = LatencyFit(intercept=2.0, slope=1e-4, identified=True)
     oa = OnlineAlpha(N, explore=8, explore_max=64)
     load = SyntheticLoad(4, flat)
     run(oa, load, MATH, 2000)
-    assert oa.alpha == 0.0 and oa.probe_period == 64
+    longest = online_alpha.PROBE_FAR_PERIODS * 64
+    assert oa.alpha == 0.0 and oa.probe_period == longest
     before = oa.probe_iterations
     run(oa, load, MATH, 1280)
-    assert oa.probe_iterations - before == 20 * N  # a probe of N iterations every 64
+    assert oa.probe_iterations - before == 1280 // longest * N  # N iterations every 256
     assert oa.alpha == 0.0  # the probes' small batches do not make a flat stage look costly
     load.latency = proportional = LatencyFit(intercept=0.0, slope=1.0 / 16, identified=True)
     trace = run(oa, load, MATH, 3000)
@@ -346,8 +347,9 @@ def test_at_alpha_zero_probes_see_a_stage_turn_proportional() -> None:
 def test_probes_go_straight_to_their_longest_period_where_alpha_one_is_far_behind() -> None:
     """A flat stage (a probe's B/N rows take nearly B rows' time) prices alpha 1 far below
     alpha 0 once probes have measured the slope: the next choice that keeps 0 sets the probe
-    period to explore_max at once, not through 16 and 32; where alpha 1 is close, the period
-    still doubles."""
+    period to explore_max at once, not through 16 and 32, and the choices after it double it
+    up to PROBE_FAR_PERIODS * explore_max; a new load brings it back to explore_max, probed
+    within it; where alpha 1 is close, the period doubles up to explore_max only."""
     flat = LatencyFit(intercept=2.0, slope=1e-4, identified=True)
     oa = OnlineAlpha(N, explore=8, explore_max=64)
     load = SyntheticLoad(5, flat)
@@ -355,8 +357,19 @@ def test_probes_go_straight_to_their_longest_period_where_alpha_one_is_far_behin
     for _ in range(600):
         load.step(oa, MATH)
         periods.append(oa.probe_period)
-    assert oa.alpha == 0.0 and oa.probe_period == 64
-    assert set(periods) == {oa._probe_base, 64}
+    assert oa.alpha == 0.0 and oa.probe_period == 256 == online_alpha.PROBE_FAR_PERIODS * 64
+    assert set(periods) == {oa._probe_base, 64, 128, 256}
+    # a load 4x larger: chosen for at once, its B/N rows probed within explore_max
+    load.batch, moved_at = 4 * B, oa.iteration + 1
+    probes, after_move = [], None
+    for _ in range(online_alpha.LOAD_CHOICE_GAP + 64):
+        load.step(oa, MATH)
+        probes.append(oa.probing)
+        if after_move is None and oa.last_decision["iteration"] >= moved_at:
+            after_move = oa.probe_period
+    assert after_move == 64
+    # (a load's choice comes LOAD_CHOICE_GAP iterations after the last choice at the latest)
+    assert True in probes and probes.index(True) <= online_alpha.LOAD_CHOICE_GAP + 64
     # a stage that grows with its rows: alpha 1 priced ~13 % below alpha 0 (drafts of one
     # acceptance at every rank, so no alpha inside (0, 1) is better), the doubling stands
     close = LatencyFit(intercept=0.9, slope=1.0 / 16, identified=True)

@@ -444,14 +444,16 @@ def test_auto_at_alpha_zero_probes_and_follows_a_stage_turned_proportional() -> 
     pipe = Pipeline(ctrl, 2, b=32, seed=5, a=2.0, slope=1e-4)
     for _ in range(2000):
         pipe.step()
-    assert ctrl.alpha == 0.0 and ctrl.online.probe_period == 64
+    # a flat stage: alpha 1 far behind, the probes at their longest period
+    assert ctrl.alpha == 0.0 and ctrl.online.probe_period == 256
     probes, waits, observes = ctrl.online.probe_iterations, 0, 0
     for _ in range(640):
         waits += ctrl.needs_confidences()
         observes += ctrl.wants_confidences()
         pipe.step()
-    # ten probes of depth + 1 iterations (so that some samples see only probe batches)
-    assert ctrl.online.probe_iterations - probes == 10 * (ctrl.depth + 1) and waits == 0
+    # two or three probes of depth + 1 iterations (so that some samples see only probe batches)
+    probed = ctrl.online.probe_iterations - probes
+    assert probed in (2 * (ctrl.depth + 1), 3 * (ctrl.depth + 1)) and waits == 0
     assert observes == 80  # its explore iterations
     pipe.a, pipe.slope = 0.0, 0.1
     for _ in range(3000):

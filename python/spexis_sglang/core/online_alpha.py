@@ -70,6 +70,10 @@ starts at ``max(explore, 4 * probe_length)`` and doubles at each choice that kee
 least ``PROBE_FAR_MARGIN`` below alpha 0 (a stage far from proportional: small batches, where a
 probe's B/N rows take nearly B rows' time), the period goes to ``explore_max`` at once: on the
 emulated box at B <= 64 the doubling spent ~8 % of the iterations in probes, ~4 % of the rate.
+While alpha 1 stays that far behind it doubles on, up to ``PROBE_FAR_PERIODS * explore_max``:
+at one in 64 a probe of ``N + 1`` iterations still took ~3 % of the rate on the box. A new load
+(the batch more than 2x from the last choice's) brings it back to ``explore_max`` at most, so
+the rows of a load the fit has not measured are probed as soon as before.
 A due explore iteration waits for a probe to end. A probe launches no observed drafts (the
 caller observes explore iterations only), and its drafts are held, not lost. Alternatives
 considered: keeping a random share of the would-be drops in every iteration (spreads the same
@@ -218,8 +222,10 @@ SAME_LOAD = 2.0
 #: iterations at least between a choice and a choice for a moved load
 LOAD_CHOICE_GAP = 5
 #: alpha 0 standing with alpha 1 priced this far below it (an identified fit): the probes go
-#: straight to one in ``explore_max`` iterations instead of doubling there
+#: straight to one in ``explore_max`` iterations instead of doubling there, and double on from
+#: there while it stays so, up to ``PROBE_FAR_PERIODS`` times ``explore_max``
 PROBE_FAR_MARGIN = 0.25
+PROBE_FAR_PERIODS = 4
 #: confidence-rank bins (tenths, as the offline Figure 9 profile)
 RANK_BINS = 10
 
@@ -841,12 +847,18 @@ class OnlineAlpha:
             self.explore_period = self._explore_base(self.alpha)
             self._next_explore = min(self._next_explore, self.iteration + self.explore_period)
         if self.alpha == 0.0 and not moved:
-            # alpha 0 stands: probe the latency at alpha 1 half as often, or at the longest
-            # period where alpha 1 is far behind on a measured fit
+            # alpha 0 stands: probe the latency at alpha 1 half as often; where alpha 1 is far
+            # behind on a measured fit, at explore_max at once and less often still after
             if periodic and latency.identified and self._one_far_behind(current, evaluated):
-                self.probe_period = self.explore_max
+                far_max = PROBE_FAR_PERIODS * self.explore_max
+                self.probe_period = min(max(2 * self.probe_period, self.explore_max), far_max)
             elif periodic:
                 self.probe_period = min(2 * self.probe_period, self.explore_max)
+            else:
+                # a new load: probe it within explore_max iterations (the long periods are
+                # for a load whose rows the fit has measured)
+                self.probe_period = min(self.probe_period, self.explore_max)
+                self._next_probe = min(self._next_probe, self.iteration + self.probe_period)
         else:
             self.probe_period = self._probe_base
             self._next_probe = self.iteration + self._probe_offset
