@@ -269,11 +269,9 @@ def test_gpu_timer_spans_a_forward_on_the_stream_it_runs_on():
     from spexis_sglang.srt.sp_scheduler import SpexisScheduler
     from spexis_sglang.srt.stats import GpuForwardTimer
 
-    timer = GpuForwardTimer.__new__(GpuForwardTimer)
+    timer = GpuForwardTimer("pp rank 0", log_every_s=1e9)
     clock = [0.0]
     timer._torch = SimpleNamespace(cuda=SimpleNamespace(Event=lambda **_: _FakeEvent(clock)))
-    timer.label, timer.log_every_s, timer.totals = "pp rank 0", 1e9, {}
-    timer._pending, timer._free, timer._logged, timer._changed = [], [], time.monotonic(), False
     forward = object()
     overlap = SimpleNamespace(enable_overlap=True, forward_stream=forward)
     plain = SimpleNamespace(enable_overlap=False, forward_stream=object())

@@ -71,7 +71,7 @@ least ``PROBE_FAR_MARGIN`` below alpha 0 (a stage far from proportional: small b
 probe's B/N rows take nearly B rows' time), the period goes to ``explore_max`` at once: on the
 emulated box at B <= 64 the doubling spent ~8 % of the iterations in probes, ~4 % of the rate.
 While alpha 1 stays that far behind it doubles on, up to ``PROBE_FAR_PERIODS * explore_max``:
-at one in 64 a probe of ``N + 1`` iterations still took ~3 % of the rate on the box. A new load
+at one in 64 a probe (four iterations, N = 2) still took ~3 % of the rate on the box. A new load
 (the batch more than 2x from the last choice's) brings it back to ``explore_max`` at most, so
 the rows of a load the fit has not measured are probed as soon as before.
 A due explore iteration waits for a probe to end. A probe launches no observed drafts (the
