@@ -234,7 +234,7 @@ class SpexisScheduler(
     def sp_forward_stream(self):
         """The stream SGLang runs a batch's forward on, where it is not the current one:
         the overlap scheduler's forward stream (PP=1 stock servers); None otherwise."""
-        return self.forward_stream if getattr(self, "enable_overlap", False) else None
+        return self.forward_stream if self.enable_overlap else None
 
     def _add_request_to_queue(self, req: Req, is_retracted: bool = False):
         if not is_retracted and not req.finished():
